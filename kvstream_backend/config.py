@@ -1,0 +1,176 @@
+"""Configuration of the KVStream engine and plugin, decoded and validated with msgspec.
+
+Every key lives under the ``kvstream.`` prefix of LMCache's ``extra_config``. Errors are raised
+as :class:`ConfigError` and always name the offending key (``kvstream.tiers[1].path``), so a
+user can fix the YAML without reading this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+PREFIX = "kvstream."
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+PositiveFloat = Annotated[float, Meta(gt=0)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+
+
+class ConfigError(ValueError):
+    """A ``kvstream.*`` key is missing, unknown or has a bad value; the message names it."""
+
+
+class EmulateConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Bandwidth emulation of one tier, for tests and benchmarks only (off unless given).
+
+    ``read_mbps``/``write_mbps`` cap the tier's throughput in MiB/s; ``jitter`` is the relative
+    amplitude of the fluctuation; ``pattern`` picks its shape: ``steady`` (i.i.d. per operation),
+    ``periodic`` (a sine of period ``period_s``) or ``bursty`` (random switches between
+    ``1+jitter`` and ``1-jitter`` of the nominal rate, dwelling ``period_s`` on average).
+    """
+
+    read_mbps: PositiveFloat | None = None
+    write_mbps: PositiveFloat | None = None
+    jitter: Annotated[float, Meta(ge=0, lt=1)] = 0.0
+    pattern: Literal["steady", "periodic", "bursty"] = "steady"
+    period_s: PositiveFloat = 2.0
+    seed: int = 0
+
+
+class TierConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One storage tier: a directory with a byte capacity.
+
+    ``io`` selects the I/O path (``auto`` probes io_uring first, then falls back to a thread
+    pool); ``direct`` selects O_DIRECT (``auto`` uses it where the file system accepts it and
+    falls back to buffered I/O with the pages dropped after use).
+    """
+
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    path: Annotated[str, Meta(min_length=1)]
+    max_size_gb: PositiveFloat
+    io: Literal["auto", "uring", "threads"] = "auto"
+    direct: Literal["auto", "on", "off"] = "auto"
+    emulate: EmulateConfig | None = None
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.max_size_gb * (1 << 30))
+
+
+class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """All ``kvstream.*`` keys with their defaults (README documents each one)."""
+
+    tiers: Annotated[list[TierConfig], Meta(min_length=1)]
+    claim_batch: PositiveInt = 4
+    hedge: bool = True
+    read_queue_depth: PositiveInt = 64
+    write_queue_depth: PositiveInt = 8
+    io_threads: PositiveInt = 4
+    staging_budget_mb: PositiveInt = 2048
+    verify_checksums: bool = True
+    max_chunk_mb: PositiveInt = 512
+    file_mode: Annotated[int, Meta(ge=0, le=0o777)] = 0o600
+    dir_mode: Annotated[int, Meta(ge=0, le=0o777)] = 0o700
+    negative_cache_ms: Annotated[int, Meta(ge=0)] = 200
+    reprobe_interval_s: PositiveFloat = 5.0
+    prefetch_max_gb: PositiveFloat = 4.0
+    prefetch_timeout_s: PositiveFloat = 30.0
+    get_timeout_s: PositiveFloat = 60.0
+    metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        return self.max_chunk_mb << 20
+
+    @property
+    def staging_budget_bytes(self) -> int:
+        return self.staging_budget_mb << 20
+
+
+_PATH_RE = re.compile(r"at `\$(?P<path>[^`]*)`")
+
+
+def _key_from_msgspec(err: msgspec.ValidationError) -> str:
+    """Translate msgspec's ``$.tiers[0].path`` into ``kvstream.tiers[0].path``."""
+    msg = str(err)
+    unknown = re.search(r"unknown field `(?P<f>[^`]+)`", msg)
+    m = _PATH_RE.search(msg)
+    path = m.group("path") if m else ""
+    if unknown:
+        path = f"{path}.{unknown.group('f')}"
+    missing = re.search(r"missing required field `(?P<f>[^`]+)`", msg)
+    if missing:
+        path = f"{path}.{missing.group('f')}"
+    return "kvstream" + (path if path.startswith((".", "[")) else f".{path}" if path else "")
+
+
+def parse_config(
+    extra_config: dict[str, Any] | None, *, check_paths: bool = True
+) -> KVStreamConfig:
+    """Decode the ``kvstream.*`` keys of an LMCache ``extra_config`` dict.
+
+    Values may be strings (LMCache's env-var form): ``kvstream.tiers`` may be a JSON string and
+    scalars are converted leniently ("4" -> 4). With ``check_paths`` every tier directory is
+    created if missing (mode ``dir_mode``) and must be a writable directory.
+    """
+    raw: dict[str, Any] = {}
+    for k, v in (extra_config or {}).items():
+        if k.startswith(PREFIX):
+            raw[k[len(PREFIX) :]] = v
+    if "tiers" not in raw:
+        raise ConfigError("kvstream.tiers is required: a list of {name, path, max_size_gb}")
+    if isinstance(raw["tiers"], str):
+        try:
+            raw["tiers"] = json.loads(raw["tiers"])
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"kvstream.tiers: not valid JSON ({e})") from None
+    try:
+        cfg = msgspec.convert(raw, KVStreamConfig, strict=False)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{_key_from_msgspec(e)}: {e}") from None
+    _check_semantics(cfg, check_paths)
+    return cfg
+
+
+def _check_semantics(cfg: KVStreamConfig, check_paths: bool) -> None:
+    if cfg.claim_batch > cfg.read_queue_depth:
+        raise ConfigError(
+            f"kvstream.claim_batch: {cfg.claim_batch} exceeds kvstream.read_queue_depth "
+            f"({cfg.read_queue_depth}); a claim must fit in the read queue"
+        )
+    names: set[str] = set()
+    roots: list[tuple[int, str]] = []
+    for i, t in enumerate(cfg.tiers):
+        key = f"kvstream.tiers[{i}]"
+        if t.name in names:
+            raise ConfigError(f"{key}.name: duplicate tier name {t.name!r}")
+        names.add(t.name)
+        if not os.path.isabs(t.path):
+            raise ConfigError(f"{key}.path: must be an absolute path, got {t.path!r}")
+        real = os.path.realpath(t.path)
+        for j, other in roots:
+            if real == other or real.startswith(other + os.sep) or other.startswith(real + os.sep):
+                raise ConfigError(
+                    f"{key}.path: {t.path!r} overlaps kvstream.tiers[{j}].path; tiers need "
+                    "disjoint directories"
+                )
+        roots.append((i, real))
+        if check_paths:
+            _check_dir(f"{key}.path", t.path, cfg.dir_mode)
+
+
+def _check_dir(key: str, path: str, mode: int) -> None:
+    try:
+        os.makedirs(path, mode=mode, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot create directory {path!r}: {e.strerror}") from None
+    if not os.path.isdir(path):
+        raise ConfigError(f"{key}: {path!r} is not a directory")
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: directory {path!r} is not readable and writable")

@@ -1,0 +1,60 @@
+"""Small plain file functions used by tiers; every path they get is already confined to a tier.
+
+None of them follows a symlink at the final path component (``O_NOFOLLOW``), so a link planted
+where a chunk should be is refused rather than read or written through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+
+_RD = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_WR = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_read(path: str, direct: bool) -> int:
+    return os.open(path, _RD | (os.O_DIRECT if direct else 0))
+
+
+def create_temp(tmp_dir: str, mode: int, direct: bool) -> tuple[int, str]:
+    """Create a new, exclusive temporary file under ``tmp_dir``; return ``(fd, path)``."""
+    path = os.path.join(tmp_dir, f"{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(path, _WR | (os.O_DIRECT if direct else 0), mode)
+    return fd, path
+
+
+def publish(tmp_path: str, final_path: str) -> bool:
+    """Hard-link ``tmp_path`` to ``final_path`` and drop the temporary name.
+
+    Returns True if this call published the file, False if another writer got there first
+    (first writer wins; readers only ever see a complete file under the final name).
+    """
+    try:
+        os.link(tmp_path, final_path)
+        won = True
+    except FileExistsError:
+        won = False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_path)
+    return won
+
+
+def close(fd: int, *, drop_pages: bool) -> None:
+    """Close ``fd``; with ``drop_pages`` (buffered I/O) first evict its pages from the cache."""
+    if drop_pages:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
+def unlink_quiet(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# errno values that mean "this file is gone or is not ours", as opposed to "the tier is sick".
+FILE_LEVEL_ERRNOS = frozenset({errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR})

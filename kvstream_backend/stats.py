@@ -1,0 +1,70 @@
+"""Per-step and per-tier accounting structs (msgspec, so reports serialise to JSON as they are)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class TierStep(msgspec.Struct):
+    """What one tier did during one step."""
+
+    name: str
+    bytes: int = 0  # bytes moved by this tier's reads, hedges and losers included
+    chunks: int = 0  # chunks this tier delivered (won)
+    busy_s: float = 0.0  # time with at least one read in flight
+    hedged_bytes: int = 0
+    errors: int = 0
+
+    @property
+    def bandwidth(self) -> float:
+        """Achieved bandwidth in bytes/s while busy (0 if the tier read nothing)."""
+        return self.bytes / self.busy_s if self.busy_s > 0 else 0.0
+
+
+class StepReport(msgspec.Struct):
+    """One pooled retrieval step: from the first chunk admitted to the last one resolved.
+
+    ``bound_s`` is D / sum(b_k) with b_k each tier's achieved bandwidth in this step;
+    ``gap`` is time_s / bound_s - 1 (0 means the step ran at the aggregate-bandwidth bound).
+    """
+
+    chunks: int
+    misses: int
+    bytes: int
+    time_s: float
+    bound_s: float
+    gap: float
+    write_overlap_bytes: int
+    tiers: list[TierStep]
+
+
+class TierInfo(msgspec.Struct):
+    name: str
+    path: str
+    io: str
+    direct: bool
+    io_reason: str
+    up: bool
+    down_reason: str
+    chunks: int
+    used_bytes: int
+    capacity_bytes: int
+    emulated: bool
+    read_bytes: int
+    write_bytes: int
+    quarantined: dict[str, int]
+    evicted: int
+    capacity_skips: int
+    errors: dict[str, int]
+
+
+class EngineStats(msgspec.Struct):
+    tiers: list[TierInfo]
+    steps: int
+    chunks_read: int
+    misses: dict[str, int]
+    writes_staged: int
+    writes_published: int
+    writes_failed: int
+    write_overlap_bytes: int
+    hedged_bytes: int
