@@ -558,8 +558,10 @@ class Engine:
     def _attempt_failed(self, a: _ReadAttempt, code: int) -> None:
         rt = self._tiers[a.tier]
         h = self._chunks[a.idx].handle
-        if code in files.FILE_LEVEL_ERRNOS:
-            rt.tier.discard(h.info.digest)
+        if code == errno.ENOENT:
+            rt.tier.discard(h.info.digest)  # evicted or removed by another process
+        elif code in files.FILE_LEVEL_ERRNOS:
+            rt.tier.quarantine(h.info.digest, "not-a-file")  # a symlink or directory planted
         elif code != errno.EAGAIN:
             self._tier_down(a.tier, f"read: {os.strerror(code)}")
         self._read_failed(a, _errname(code))

@@ -9,14 +9,25 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import uuid
 
-_RD = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_RD = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # never block on a FIFO
 _WR = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def open_read(path: str, direct: bool) -> int:
-    return os.open(path, _RD | (os.O_DIRECT if direct else 0))
+    """Open a chunk file for reading; anything but a regular file raises ``EISDIR``/``ELOOP``."""
+    try:
+        fd = os.open(path, _RD | (os.O_DIRECT if direct else 0))
+    except OSError as e:  # O_DIRECT on a directory is EINVAL: report what is really wrong
+        if e.errno == errno.EINVAL and not stat.S_ISREG(os.lstat(path).st_mode):
+            raise OSError(errno.EISDIR, "not a regular file", path) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EISDIR, "not a regular file", path)
+    return fd
 
 
 def create_temp(tmp_dir: str, mode: int, direct: bool) -> tuple[int, str]:

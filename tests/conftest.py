@@ -1,0 +1,54 @@
+"""Shared fixtures. Tests use real files, real io_uring and real LMCache; nothing is mocked."""
+
+from __future__ import annotations
+
+import os
+
+for _k, _v in {
+    "LMCACHE_TRACK_USAGE": "false",
+    "DO_NOT_TRACK": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "PYTHONHASHSEED": "0",
+}.items():
+    os.environ.setdefault(_k, _v)
+
+import shutil  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+
+from kvstream_backend.config import parse_config  # noqa: E402
+from kvstream_backend.engine import Engine  # noqa: E402
+
+
+@pytest.fixture
+def tier_dirs(tmp_path) -> Iterator[list[str]]:
+    """Two tier roots on independent paths: the local disk and tmpfs (/dev/shm)."""
+    shm = f"/dev/shm/kvs-test-{uuid.uuid4().hex[:8]}"
+    yield [str(tmp_path / "nvme"), shm]
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def engine_config(dirs: list[str], **kw):
+    """A parsed config over ``dirs``; ``tier_opts`` (a list of dicts) extends each tier entry."""
+    opts = kw.pop("tier_opts", [{}] * len(dirs))
+    tiers = [
+        {"name": f"t{i}", "path": d, "max_size_gb": kw.pop(f"cap{i}", 1.0), **o}
+        for i, (d, o) in enumerate(zip(dirs, opts, strict=True))
+    ]
+    return parse_config({"kvstream.tiers": tiers, **{f"kvstream.{k}": v for k, v in kw.items()}})
+
+
+@pytest.fixture
+def make_engine():
+    engines: list[Engine] = []
+
+    def make(dirs: list[str], **kw) -> Engine:
+        e = Engine(engine_config(dirs, **kw))
+        engines.append(e)
+        return e
+
+    yield make
+    for e in engines:
+        e.close()
