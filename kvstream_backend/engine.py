@@ -81,6 +81,7 @@ class ReadHandle:
 
     __slots__ = (
         "key", "info", "buffer", "alloc", "result", "reason", "_state", "_lock", "_event",
+        "_callbacks",
     )
 
     def __init__(self, key: str, info: ChunkInfo, buffer: Buffer, alloc: Alloc | None) -> None:
@@ -93,6 +94,18 @@ class ReadHandle:
         self._state = _PENDING
         self._lock = threading.Lock()
         self._event = threading.Event()
+        self._callbacks: list[Callable[[ReadHandle], None]] = []
+
+    def add_done_callback(self, fn: Callable[[ReadHandle], None]) -> None:
+        """Call ``fn(handle)`` once the chunk is delivered (at once if it already is).
+
+        Callbacks run on the completion loop and must only hand off (e.g. to an event loop).
+        """
+        with self._lock:
+            if self._state == _PENDING:
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def done(self) -> bool:
         return self._event.is_set()
@@ -115,6 +128,9 @@ class ReadHandle:
                 self.result.release()
                 self.result = None
             self._state = _ABANDONED
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            _safe(fn, self)
 
     def _deliver(self, buf: Buffer | None, reason: str = "") -> None:
         with self._lock:
@@ -125,7 +141,10 @@ class ReadHandle:
             self.result = buf
             self.reason = reason
             self._state = _DONE
+            callbacks, self._callbacks = self._callbacks, []
         self._event.set()
+        for fn in callbacks:
+            _safe(fn, self)
 
 
 @dataclass
@@ -236,6 +255,7 @@ class Engine:
         self._overlap_total = 0
         self._hedged_total = 0
         self._stopping = False
+        self._reads_quiet = True  # written by the loop: no chunk unresolved, no read in flight
         self._thread = threading.Thread(target=self._loop, name="kvstream-io", daemon=True)
         self._thread.start()
 
@@ -296,6 +316,7 @@ class Engine:
         """Admit chunks to the pool; see the module docstring for buffer ownership."""
         handles = [ReadHandle(k, info, buf, alloc) for k, info, buf, alloc in requests]
         if handles:
+            self._reads_quiet = False
             self._post(lambda: self._admit(handles))
         return handles
 
@@ -334,12 +355,22 @@ class Engine:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every staged write is finished; False on timeout."""
+        return self._wait(self._writes_quiet, timeout)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no write and no read (hedge losers included) is outstanding."""
+        return self._wait(lambda: self._writes_quiet() and self._reads_quiet, timeout)
+
+    def _writes_quiet(self) -> bool:
+        with self._wlock:
+            return not self._writing
+
+    def _wait(self, pred: Callable[[], bool], timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._idle:
             while True:
-                with self._wlock:
-                    if not self._writing:
-                        return True
+                if pred():
+                    return True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -430,11 +461,9 @@ class Engine:
             rt.wq.flush()
         self._maybe_end_step(now)
         self._reprobe(now)
-        with self._wlock:
-            idle = not self._writing
-        if idle:
-            with self._idle:
-                self._idle.notify_all()
+        self._reads_quiet = not self._router.busy()
+        with self._idle:
+            self._idle.notify_all()
 
     # ---- reads --------------------------------------------------------------------------
     def _admit(self, handles: list[ReadHandle]) -> None:

@@ -12,7 +12,8 @@ from kvstream_backend.io.memory import AlignedBuffer
 
 def _header(digest: bytes, payload: bytes, meta: bytes = b"m") -> bytearray:
     buf = AlignedBuffer(fmt.HEADER_SIZE)
-    fmt.encode_header(buf.view, digest, len(payload), fmt.payload_checksum(memoryview(payload)), meta)
+    xxh = fmt.payload_checksum(memoryview(payload))
+    fmt.encode_header(buf.view, digest, len(payload), xxh, meta)
     out = bytearray(buf.view)
     buf.release()
     return out

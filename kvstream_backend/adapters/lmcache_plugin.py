@@ -1,0 +1,405 @@
+"""``KVStreamBackend``: the LMCache 0.5.6 storage plugin (the only module that imports LMCache
+besides the CLI's config check).
+
+Selected from LMCache's YAML with ``storage_plugins: ["kvstream"]`` and
+``extra_config: {storage_plugin.kvstream.module_path: kvstream_backend,
+storage_plugin.kvstream.class_name: KVStreamBackend, kvstream.tiers: [...]}``.
+
+How LMCache's calls map onto the engine:
+
+* lookup (``batched_contains(keys, pin=True)`` / ``batched_async_contains``) counts the prefix
+  hit, pins it, and *starts pooled reads* of the hits into MemoryObjs allocated from
+  ``local_cpu_backend`` (bounded by ``kvstream.prefetch_max_gb``; unclaimed reads are dropped
+  on ``unpin`` or after ``kvstream.prefetch_timeout_s``);
+* ``batched_get_blocking`` / ``batched_get_non_blocking`` claim those reads (or add the missing
+  ones to the pool) and wait; results follow LMCache's prefix convention: everything after the
+  first miss is released and returned as ``None`` (blocking) or left out (non-blocking);
+* ``batched_submit_put_task`` takes a reference on each object and stages it for the deferred,
+  replicated writer; it returns at once (it runs on the forward thread). The reference is
+  dropped when every tier's copy is finished; ``on_complete_callback`` fires when the first copy
+  is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import msgspec
+import torch
+from lmcache.logging import init_logger
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from ..config import ConfigError, parse_config
+from ..engine import ChunkInfo, Engine, ReadHandle
+from ..format import key_digest
+
+log = init_logger("kvstream")
+
+
+class ChunkMeta(msgspec.Struct, array_like=True, frozen=True):
+    """What LMCache needs to rebuild a MemoryObj: format, dtype(s) and shape(s)."""
+
+    fmt: int
+    dtype: str
+    shape: list[int]
+    dtypes: list[str] | None = None
+    shapes: list[list[int]] | None = None
+
+
+_ENC = msgspec.msgpack.Encoder()
+_DEC = msgspec.msgpack.Decoder(ChunkMeta)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dt
+
+
+def encode_meta(obj: MemoryObj) -> bytes:
+    m = obj.metadata
+    return _ENC.encode(ChunkMeta(
+        m.fmt.value, str(m.dtype), list(m.shape),
+        [str(d) for d in m.dtypes] if m.dtypes else None,
+        [list(s) for s in m.shapes] if m.shapes else None,
+    ))
+
+
+class _Layout(msgspec.Struct, frozen=True):
+    """A decoded, size-checked allocation request."""
+
+    shapes: list[torch.Size] | torch.Size
+    dtypes: list[torch.dtype] | torch.dtype
+    fmt: MemoryFormat
+
+
+def decode_meta(meta: bytes, payload_len: int) -> _Layout | None:
+    """The allocation for a chunk, or None if the metadata is malformed or disagrees with
+    ``payload_len`` (so a hostile header can never make us allocate more than the payload)."""
+    try:
+        cm = _DEC.decode(meta)
+        fmt = MemoryFormat(cm.fmt)
+        if cm.shapes and cm.dtypes:
+            shapes = [torch.Size(s) for s in cm.shapes]
+            dtypes = [_dtype(d) for d in cm.dtypes]
+            size = sum(s.numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
+            layout = _Layout(shapes, dtypes, fmt)
+        else:
+            shape, dtype = torch.Size(cm.shape), _dtype(cm.dtype)
+            size = shape.numel() * dtype.itemsize
+            layout = _Layout(shape, dtype, fmt)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return None
+    return layout if size == payload_len else None
+
+
+def _resolver(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]
+) -> Callable[[ReadHandle], None]:
+    """A handle callback (completion-loop thread) that resolves ``fut`` on its event loop."""
+
+    def settle() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    def on_done(_h: ReadHandle) -> None:
+        loop.call_soon_threadsafe(settle)
+
+    return on_done
+
+
+class _ObjBuffer:
+    """An engine :class:`~kvstream_backend.engine.Buffer` over a MemoryObj (no copy)."""
+
+    __slots__ = ("obj", "addr", "capacity")
+
+    def __init__(self, obj: MemoryObj) -> None:
+        self.obj = obj
+        self.addr = obj.data_ptr
+        self.capacity = obj.get_physical_size()
+
+    def release(self) -> None:
+        self.obj.ref_count_down()
+
+
+class _Prefetch:
+    __slots__ = ("handle", "deadline", "nbytes")
+
+    def __init__(self, handle: ReadHandle, deadline: float, nbytes: int) -> None:
+        self.handle = handle
+        self.deadline = deadline
+        self.nbytes = nbytes
+
+
+class KVStreamBackend(StoragePluginInterface):
+    def __init__(
+        self,
+        dst_device: str = "cpu",
+        config: Any = None,
+        metadata: Any = None,
+        local_cpu_backend: Any = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(dst_device, config, metadata, local_cpu_backend, loop)
+        try:
+            self.cfg = parse_config(getattr(config, "extra_config", None))
+        except ConfigError as e:
+            log.error("KVSTREAM PLUGIN DISABLED: invalid configuration: %s", e)
+            raise
+        if local_cpu_backend is None:
+            log.warning("kvstream: no local_cpu_backend (scheduler role?): lookups only; "
+                        "gets and puts are refused")
+        self.engine = Engine(self.cfg)
+        self._lock = threading.Lock()
+        self._prefetch: dict[CacheEngineKey, _Prefetch] = {}
+        self._prefetch_bytes = 0
+        self._prefetch_max = int(self.cfg.prefetch_max_gb * (1 << 30))
+        if self.cfg.metrics_port:
+            from ..metrics import serve
+
+            serve(self.engine, self.cfg.metrics_port)
+        for t in self.engine.stats().tiers:
+            log.info("kvstream tier %s: %s io=%s direct=%s capacity=%.1f GB%s", t.name, t.path,
+                     t.io, t.direct, t.capacity_bytes / 2**30, " (EMULATED)" if t.emulated else "")
+
+    def __str__(self) -> str:
+        return "KVStreamBackend"
+
+    # ---- lookup ---------------------------------------------------------------------------
+    def _info(self, key: CacheEngineKey) -> ChunkInfo | None:
+        return self.engine.lookup(key.to_string())
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        if self._info(key) is None:
+            return False
+        if pin:
+            self.pin(key)
+        return True
+
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        hits: list[tuple[CacheEngineKey, ChunkInfo]] = []
+        for key in keys:
+            info = self._info(key)
+            if info is None:
+                break
+            hits.append((key, info))
+        if pin and hits:
+            for _, info in hits:
+                self.engine.pin(info.digest)
+            self._start_prefetch(hits)
+        return len(hits)
+
+    async def batched_async_contains(
+        self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False
+    ) -> int:
+        # Header reads of chunks published by other processes are file I/O: keep them off the
+        # StorageManager's event loop.
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.batched_contains, keys, pin
+        )
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        return self.engine.writing(key.to_string())
+
+    # ---- pins -----------------------------------------------------------------------------
+    def pin(self, key: CacheEngineKey) -> bool:
+        info = self._info(key)
+        if info is None:
+            return False
+        self.engine.pin(info.digest)
+        return True
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        self._drop_prefetch(key)
+        return self.engine.unpin(key_digest(key.to_string()))
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        self._drop_prefetch(key)
+        return self.engine.remove(key.to_string())
+
+    def touch_cache(self) -> None:
+        """Recency is updated by the reads themselves."""
+
+    # ---- reads ----------------------------------------------------------------------------
+    def _allocator(self, info: ChunkInfo) -> Callable[[int], _ObjBuffer | None] | None:
+        """A function allocating one MemoryObj for ``info`` (None if it cannot be rebuilt)."""
+        lcb = self.local_cpu_backend
+        layout = decode_meta(info.meta, info.payload_len)
+        if lcb is None or layout is None:
+            return None
+
+        def alloc(_n: int) -> _ObjBuffer | None:
+            obj = lcb.allocate(layout.shapes, layout.dtypes, layout.fmt, busy_loop=False)
+            return _ObjBuffer(obj) if obj is not None else None
+
+        return alloc
+
+    def _admit(
+        self, pairs: Sequence[tuple[CacheEngineKey, ChunkInfo]], budget: int | None
+    ) -> list[tuple[CacheEngineKey, ReadHandle, int]]:
+        """Allocate buffers and admit reads in order; stop at the first chunk that can't be.
+
+        ``budget`` bounds the bytes admitted (prefetch); None admits as memory allows.
+        """
+        reqs, admitted = [], []
+        for key, info in pairs:
+            if budget is not None and info.payload_len > budget:
+                break
+            alloc = self._allocator(info)
+            buf = alloc(info.payload_len) if alloc is not None else None
+            if buf is None:
+                break
+            if budget is not None:
+                budget -= info.payload_len
+            reqs.append((key.to_string(), info, buf, alloc))
+            admitted.append(key)
+        handles = self.engine.read(reqs)
+        return [(k, h, h.info.payload_len) for k, h in zip(admitted, handles, strict=True)]
+
+    def _start_prefetch(self, hits: list[tuple[CacheEngineKey, ChunkInfo]]) -> None:
+        if self.local_cpu_backend is None:
+            return
+        self._expire_prefetches()
+        with self._lock:
+            todo = [(k, i) for k, i in hits if k not in self._prefetch]
+            budget = self._prefetch_max - self._prefetch_bytes
+            if not todo or budget <= 0:
+                return
+            deadline = time.monotonic() + self.cfg.prefetch_timeout_s
+            for key, handle, n in self._admit(todo, budget):
+                self._prefetch[key] = _Prefetch(handle, deadline, n)
+                self._prefetch_bytes += n
+
+    def _take_prefetch(self, key: CacheEngineKey) -> ReadHandle | None:
+        with self._lock:
+            p = self._prefetch.pop(key, None)
+            if p is None:
+                return None
+            self._prefetch_bytes -= p.nbytes
+            return p.handle
+
+    def _drop_prefetch(self, key: CacheEngineKey) -> None:
+        h = self._take_prefetch(key)
+        if h is not None:
+            h.discard()
+
+    def _expire_prefetches(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, p in self._prefetch.items() if p.deadline < now]
+        for k in stale:
+            self._drop_prefetch(k)
+
+    def _handles_for(self, keys: Sequence[CacheEngineKey]) -> list[ReadHandle | None]:
+        """A handle per key: a prefetch in flight, or a new read added to the pool."""
+        self._expire_prefetches()
+        handles: list[ReadHandle | None] = [self._take_prefetch(k) for k in keys]
+        missing = []
+        for i, (k, h) in enumerate(zip(keys, handles, strict=True)):
+            if h is None:
+                info = self._info(k)
+                if info is None:
+                    break
+                missing.append((i, k, info))
+        if missing:
+            new = self._admit([(k, info) for _, k, info in missing], None)
+            for (i, _, _), (_, h, _) in zip(missing, new, strict=False):
+                handles[i] = h
+        return handles
+
+    @staticmethod
+    def _prefix(handles: list[ReadHandle | None]) -> list[MemoryObj | None]:
+        """Results in LMCache's prefix convention: after the first miss, release and None."""
+        out: list[MemoryObj | None] = []
+        missed = False
+        for h in handles:
+            buf = None if missed or h is None else h.result
+            if buf is None:
+                missed = True
+                if h is not None:
+                    h.discard()
+                out.append(None)
+            else:
+                out.append(buf.obj)  # type: ignore[attr-defined]
+        return out
+
+    def batched_get_blocking(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
+        if self.local_cpu_backend is None:
+            log.error("kvstream: get refused: no local_cpu_backend to allocate into")
+            return [None] * len(keys)
+        handles = self._handles_for(keys)
+        deadline = time.monotonic() + self.cfg.get_timeout_s
+        for h in handles:
+            if h is None:
+                break
+            if h.wait(max(0.0, deadline - time.monotonic())) is None:
+                break
+        return self._prefix(handles)
+
+    def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
+        return self.batched_get_blocking([key])[0]
+
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list[CacheEngineKey], transfer_spec: Any = None
+    ) -> list[MemoryObj]:
+        if self.local_cpu_backend is None:
+            log.error("kvstream: get refused: no local_cpu_backend to allocate into")
+            return []
+        loop = asyncio.get_running_loop()
+        handles = await loop.run_in_executor(None, self._handles_for, keys)
+        waits = []
+        for h in handles:
+            if h is None:
+                break
+            fut: asyncio.Future[None] = loop.create_future()
+            h.add_done_callback(_resolver(loop, fut))
+            waits.append(fut)
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), self.cfg.get_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("kvstream: async get of %d chunks timed out", len(waits))
+        return [o for o in self._prefix(handles) if o is not None]
+
+    # ---- writes ---------------------------------------------------------------------------
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: list[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[CacheEngineKey], None] | None = None,
+    ) -> list[Future] | None:
+        if self.local_cpu_backend is None:
+            return None
+        for key, obj in zip(keys, objs, strict=True):
+            skey = key.to_string()
+            if any(t.has(key_digest(skey)) for t in self.engine.tiers if t.up):
+                continue  # already stored (index only: no I/O on the forward thread)
+            obj.ref_count_up()
+            published = None
+            if on_complete_callback is not None:
+                published = lambda _s, k=key, cb=on_complete_callback: cb(k)  # noqa: E731
+            if not self.engine.write(skey, _ObjBuffer(obj), obj.get_size(), encode_meta(obj),
+                                     on_published=published, on_done=obj.ref_count_down):
+                obj.ref_count_down()
+        return None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def get_allocator_backend(self):  # type: ignore[override]
+        return self.local_cpu_backend
+
+    def close(self) -> None:
+        with self._lock:
+            keys = list(self._prefetch)
+        for k in keys:
+            self._drop_prefetch(k)
+        self.engine.close()
+        logging.getLogger("kvstream").info("kvstream: closed")
