@@ -69,11 +69,13 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     tiers: Annotated[list[TierConfig], Meta(min_length=1)]
     claim_batch: PositiveInt = 4
     hedge: bool = True
+    static_split: Fraction | None = None
     read_queue_depth: PositiveInt = 64
     write_queue_depth: PositiveInt = 8
     io_threads: PositiveInt = 4
     staging_budget_mb: PositiveInt = 2048
     verify_checksums: bool = True
+    warm_headers: bool = True
     max_chunk_mb: PositiveInt = 512
     file_mode: Annotated[int, Meta(ge=0, le=0o777)] = 0o600
     dir_mode: Annotated[int, Meta(ge=0, le=0o777)] = 0o700
@@ -139,6 +141,8 @@ def parse_config(
 
 
 def _check_semantics(cfg: KVStreamConfig, check_paths: bool) -> None:
+    if cfg.static_split is not None and len(cfg.tiers) != 2:
+        raise ConfigError("kvstream.static_split: a static split needs exactly two tiers")
     if cfg.claim_batch > cfg.read_queue_depth:
         raise ConfigError(
             f"kvstream.claim_batch: {cfg.claim_batch} exceeds kvstream.read_queue_depth "

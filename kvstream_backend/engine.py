@@ -42,7 +42,7 @@ from .io import files
 from .io.memory import SlabPool
 from .io.ops import IoOp, IoQueue, Waker
 from .io.probe import IoPath, make_queue, probe
-from .routing import ClaimRouter
+from .routing import ClaimRouter, StaticSplitRouter
 from .stats import EngineStats, StepReport, TierInfo, TierStep
 from .tier import Tier
 
@@ -225,7 +225,11 @@ class Engine:
             self._close_queues()
             self._waker.close()
             raise
-        self._router = ClaimRouter(len(self._tiers), cfg.claim_batch, cfg.hedge)
+        self._router = (
+            ClaimRouter(len(self._tiers), cfg.claim_batch, cfg.hedge)
+            if cfg.static_split is None
+            else StaticSplitRouter(len(self._tiers), cfg.claim_batch, cfg.static_split)
+        )
         self._chunks: list[_Chunk] = []
         self._slab = SlabPool()
         self._cmds: collections.deque[Callable[[], None]] = collections.deque()
@@ -258,6 +262,9 @@ class Engine:
         self._reads_quiet = True  # written by the loop: no chunk unresolved, no read in flight
         self._thread = threading.Thread(target=self._loop, name="kvstream-io", daemon=True)
         self._thread.start()
+        self._warmer: threading.Thread | None = None
+        if cfg.warm_headers:
+            self._warm()
 
     # ------------------------------------------------------------------------------------
     # construction
@@ -266,6 +273,7 @@ class Engine:
         tier = Tier(tc, file_mode=c.file_mode, dir_mode=c.dir_mode, negative_ms=c.negative_cache_ms)
         tier.open()
         path = probe(tier.tmp_dir, tc.io, tc.direct, c.file_mode)
+        tier.direct = path.direct
         log.info(
             "kvstream tier %s (%s): io=%s direct=%s (%s)%s", tc.name, tier.root, path.kind,
             path.direct, path.reason, " EMULATED bandwidth" if tc.emulate else "",
@@ -343,6 +351,27 @@ class Engine:
             self._staged_bytes += payload_len
             self._writes_staged += 1
         self._post(lambda: self._staged.append(job))
+        return True
+
+    def _warm(self) -> None:
+        """Load the headers of indexed chunks in the background (most recent first), so that
+        lookups after a restart answer from memory instead of reading the disk."""
+
+        def run() -> None:
+            for rt in self._tiers:
+                for digest, entry in rt.tier.cold():
+                    if self._stopping or not rt.tier.up:
+                        break
+                    rt.tier.load_header(digest, entry, self.cfg.max_chunk_bytes)
+
+        self._warmer = threading.Thread(target=run, name="kvstream-warm", daemon=True)
+        self._warmer.start()
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait until the start-up header warm-up is done; False on timeout."""
+        if self._warmer is not None:
+            self._warmer.join(timeout)
+            return not self._warmer.is_alive()
         return True
 
     def writing(self, key: str) -> bool:
@@ -781,6 +810,8 @@ class Engine:
             if ok:
                 rt.tier.mark_up()
                 log.warning("kvstream: tier %s is healthy again; re-admitted", rt.tier.name)
+                if self.cfg.warm_headers:
+                    self._warm()
             else:
                 rt.next_probe = self._clock() + self.cfg.reprobe_interval_s
 

@@ -181,3 +181,30 @@ class ClaimRouter:
                     self._unresolved -= 1
                     dead.append(i)
         return dead
+
+
+class StaticSplitRouter(ClaimRouter):
+    """The baseline KVStream improves on: a fixed split ``g`` by position, no adaptation.
+
+    The k-th chunk added in a step goes to tier 0 while tier 0 holds less than ``g`` of the
+    chunks added so far, otherwise to tier 1 (so any prefix of the pool is split g : 1-g);
+    each tier reads only its own chunks, ``m`` at a time, and never hedges. Same protocol as
+    :class:`ClaimRouter`; used by ``kvstream bench`` to measure Eq. 6's penalty.
+    """
+
+    def __init__(self, n_tiers: int, m: int, split: float) -> None:
+        if n_tiers != 2:
+            raise ValueError("a static split needs exactly two tiers")
+        self.split = split
+        super().__init__(n_tiers, m, hedge=False)
+
+    def reset(self) -> None:
+        super().reset()
+        self._to_first = 0
+
+    def add(self, holders: Iterable[int]) -> int:
+        h = set(holders)
+        first = self._to_first < self.split * (len(self._state) + 1)
+        self._to_first += first
+        want = 0 if first else 1
+        return super().add({want} if want in h else h)

@@ -67,6 +67,7 @@ class Tier:
         self._negative: dict[bytes, float] = {}
         self._made_dirs: set[str] = set()
         self.used = 0
+        self.direct = False  # read headers with O_DIRECT (set once the I/O path is probed)
         self.up = True
         self.down_reason = ""
         self.counters = TierCounters()
@@ -167,18 +168,13 @@ class Tier:
         """Make sure ``entry.header`` is loaded and valid; quarantine and return None if not."""
         if entry.header is not None:
             return entry.header
-        path = self.chunk_path(digest)
         try:
-            fd = files.open_read(path, direct=False)
-        except OSError:
+            buf = files.read_head(self.chunk_path(digest), HEADER_SIZE, self.direct)
+        except FileNotFoundError:
             self.discard(digest)
             return None
-        try:
-            buf = os.pread(fd, HEADER_SIZE, 0)
         except OSError:
             buf = b""
-        finally:
-            files.close(fd, drop_pages=True)
         try:
             header = decode_header(buf, digest, max_payload)
             if entry.size < HEADER_SIZE + header.payload_len:
@@ -194,16 +190,22 @@ class Tier:
             if digest in self._index:
                 self._index.move_to_end(digest)
 
-    def discard(self, digest: bytes) -> None:
-        """Forget ``digest`` (its file vanished or was moved aside)."""
+    def discard(self, digest: bytes) -> bool:
+        """Forget ``digest`` (its file vanished or was moved aside); True if it was indexed."""
         with self._lock:
             e = self._index.pop(digest, None)
             if e is not None:
                 self.used -= e.size
+        return e is not None
 
     def quarantine(self, digest: bytes, reason: str) -> None:
-        """Move a file that failed validation aside (never served again) and count it."""
-        self.discard(digest)
+        """Move a file that failed validation aside (never served again) and count it.
+
+        Only the caller that removes the index entry acts, so concurrent detections of the same
+        bad file (a lookup and the header warm-up) count it once.
+        """
+        if not self.discard(digest):
+            return
         self.counters.quarantined[reason] += 1
         dst = os.path.join(self.quarantine_dir, f"{digest.hex()}.{reason}.{os.getpid()}")
         try:
@@ -265,6 +267,11 @@ class Tier:
     def digests(self) -> list[bytes]:
         with self._lock:
             return list(self._index)
+
+    def cold(self) -> list[tuple[bytes, Entry]]:
+        """Indexed entries whose header is not loaded yet, most recently used first."""
+        with self._lock:
+            return [(d, e) for d, e in reversed(self._index.items()) if e.header is None]
 
     def __len__(self) -> int:
         with self._lock:

@@ -147,3 +147,20 @@ def test_drop_tier() -> None:
     both = r.add({0, 1})
     assert r.drop_tier(0) == [only0]
     assert r.claim(1) == [both]
+
+
+@pytest.mark.parametrize("g", [0.5, 0.7, 0.9])
+def test_static_split_assigns_by_position(g: float) -> None:
+    from kvstream_backend.routing import StaticSplitRouter
+
+    r = StaticSplitRouter(2, 4, g)
+    for _ in range(100):
+        r.add({0, 1})
+    taken = [[], []]
+    while r.busy():
+        for t in (0, 1):
+            for i in r.claim(t):
+                taken[t].append(i)
+                assert r.complete(t, i)
+    assert len(taken[0]) == round(100 * g) and len(taken[0]) + len(taken[1]) == 100
+    assert r.hedged == [0, 0]

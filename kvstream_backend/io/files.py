@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
 import stat
 import uuid
@@ -28,6 +29,23 @@ def open_read(path: str, direct: bool) -> int:
         os.close(fd)
         raise OSError(errno.EISDIR, "not a regular file", path)
     return fd
+
+
+def read_head(path: str, n: int, direct: bool) -> bytes:
+    """The first ``n`` (aligned) bytes of a chunk file, without readahead or cache pollution."""
+    fd = open_read(path, direct)
+    try:
+        if not direct:
+            os.posix_fadvise(fd, 0, n, os.POSIX_FADV_RANDOM)
+            return os.pread(fd, n, 0)
+        buf = mmap.mmap(-1, n)
+        try:
+            got = os.preadv(fd, [buf], 0)
+            return bytes(buf[:got])
+        finally:
+            buf.close()
+    finally:
+        close(fd, drop_pages=not direct)
 
 
 def create_temp(tmp_dir: str, mode: int, direct: bool) -> tuple[int, str]:

@@ -1,0 +1,1 @@
+"""``kvstream bench``: kvstream, static splits, LMCache disk and fio on the same chunks."""

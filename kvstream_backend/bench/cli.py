@@ -1,0 +1,295 @@
+"""``kvstream bench``: every configuration measured in one run, on the same chunks.
+
+Configurations (see README and docs/benchmarks.md): (a) ``kvstream`` all tiers, completion
+routing; (b) ``kvstream-first`` and ``kvstream-second``, one tier each (their bandwidths b0 and
+b1 give the bound D/(b0+b1)); (c) ``static-g`` fixed splits; (d) ``lmcache-disk``, LMCache's own
+LocalDiskBackend on the first tier with O_DIRECT; (e) ``fio`` on kvstream's chunk files; and
+(a)/(d) again with a write backlog as large as a step's reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .report import BenchReport, ConfigResult, Target, TierResult, plot, render
+
+DEFAULT_PFS = {"read_mbps": 600, "write_mbps": 400, "jitter": 0.35, "pattern": "bursty",
+               "period_s": 1.0, "seed": 1}
+GiB = 1 << 30
+
+
+def add_bench_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="the main job: kvstream vs static splits, LMCache's disk "
+                       "backend and fio, side by side", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tier", action="append", default=[], metavar="PATH[:k=v,...]",
+                   help="a real tier directory, optionally emulated (read_mbps=, write_mbps=, "
+                   "jitter=, pattern=, period_s=, seed=); repeat for each tier. Default: a "
+                   "local-disk tier and a throttled, fluctuating tmpfs tier")
+    p.add_argument("--requests", type=int, default=None, help="requests per step (R)")
+    p.add_argument("--chunks", type=int, default=None, help="matched chunks per request (C)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per configuration")
+    p.add_argument("--kv-bytes-per-token", type=int, default=65536,
+                   help="per-rank KV bytes per token (default: a 32B GQA model at TP=4, "
+                   "64 layers: 16 MiB per 256-token chunk)")
+    p.add_argument("--layers", type=int, default=64)
+    p.add_argument("--claim-batch", type=int, default=4)
+    p.add_argument("--quick", action="store_true", help="a smaller run (< 3 min on 2 cores)")
+    p.add_argument("--workdir", default="/var/tmp", help="where the local-disk tier is created")
+    p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="per-tier bandwidth and gap per config")
+    p.add_argument("--keep", action="store_true", help="keep the tier directories")
+    p.set_defaults(func=run)
+
+
+def parse_tier(spec: str, name: str) -> dict[str, Any]:
+    path, _, opts = spec.partition(":")
+    tier: dict[str, Any] = {"name": name, "path": os.path.abspath(path)}
+    if opts:
+        em: dict[str, Any] = {}
+        for kv in opts.split(","):
+            k, _, v = kv.partition("=")
+            em[k.strip()] = v.strip()
+        tier["emulate"] = em
+    return tier
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+    import logging
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from ..config import ConfigError, parse_config
+    from . import fio
+    from . import workload as W
+    for name in ("lmcache", "kvstream"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    console = Console()
+    R = args.requests or (4 if args.quick else 8)
+    C = args.chunks or 8
+    S = args.steps or (2 if args.quick else 5)
+    try:
+        shape = W.Shape.from_bytes_per_token(args.kv_bytes_per_token, args.layers, 4)
+    except ValueError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
+    D = R * C * shape.chunk_bytes
+    cleanup: list[str] = []
+    notes: list[str] = []
+    if args.tier:
+        tiers = [parse_tier(s, f"tier{i}") for i, s in enumerate(args.tier)]
+    else:
+        base = tempfile.mkdtemp(prefix="kvstream-bench-", dir=args.workdir)
+        shm = tempfile.mkdtemp(prefix="kvstream-bench-", dir="/dev/shm")
+        cleanup += [base, shm]
+        tiers = [{"name": "nvme", "path": os.path.join(base, "nvme")},
+                 {"name": "pfs", "path": os.path.join(shm, "pfs"), "emulate": DEFAULT_PFS}]
+        notes.append(f"embedded tiers: 'nvme' = {tiers[0]['path']} (local disk, real I/O); "
+                     f"'pfs' = {tiers[1]['path']} (tmpfs) EMULATED as a network file system: "
+                     f"{DEFAULT_PFS}")
+    cap_gb = (4 * D + (S + 2) * D) / GiB * 1.2
+    for t in tiers:
+        t.setdefault("max_size_gb", cap_gb)
+    try:
+        parse_config({"kvstream.tiers": tiers})
+    except ConfigError as e:
+        console.print(f"[red]error:[/] --tier: {e}")
+        return 2
+    if len(tiers) < 2:
+        console.print("[red]error:[/] the benchmark needs two tiers")
+        return 2
+    first_dir = tiers[0]["path"]
+    cpu_gb = (3 * D) / GiB + 0.5
+    requests = [[r * C + j for j in range(C)] for r in range(R)]
+    idx = [i for r in requests for i in r]
+    dropped = W.drop_caches()
+    if not dropped:
+        notes.append("could not drop the page cache (not root): O_DIRECT paths are unaffected, "
+                     "buffered fallbacks may read from memory")
+    console.print(f"kvstream bench: {R} requests x {C} chunks = {D / GiB:.2f} GiB per step "
+                  f"({shape.chunk_bytes >> 20} MiB chunks), {S} steps per configuration")
+
+    kv, m = W.kvstream_backend, args.claim_batch
+    disk_dir = os.path.join(first_dir, "lmcache-disk")
+    os.makedirs(disk_dir, exist_ok=True)
+    configs = [
+        Config("kvstream", "all tiers, completion-driven routing", kv(tiers, claim_batch=m)),
+        Config("kvstream-first", "first tier only", kv(tiers[:1], claim_batch=m)),
+        Config("kvstream-second", "second tier only", kv(tiers[1:2], claim_batch=m)),
+        *[Config(f"static-{g}", f"replicated, fixed split {g}:{1 - g:.1f}",
+                 kv(tiers[:2], claim_batch=m, static_split=g)) for g in (0.5, 0.7, 0.9)],
+        # LMCache's disk index lives in memory only: its StorageManager stays open throughout.
+        Config("lmcache-disk", "LMCache LocalDiskBackend, first tier, O_DIRECT",
+               W.local_disk_backend(disk_dir, cap_gb), persistent=True),
+    ]
+    configs += [Config(f"{c.name}+backlog", f"{c.desc}, with a write backlog = the step's reads",
+                       c.backend, backlog=len(idx), persistent=c.persistent, base=c.name)
+                for c in (configs[0], configs[-1])]
+    results = {c.name: ConfigResult(c.name, c.desc, [], [], D) for c in configs}
+    if fio.available():
+        results["fio"] = ConfigResult("fio", "fio io_uring O_DIRECT on kvstream's first-tier "
+                                      "chunk files (the device limit)", [], [], D)
+    else:
+        notes.append("fio is not installed: the device-limit row (e) is missing")
+    open_sms: dict[str, Any] = {}
+    mem_gb = cpu_gb + D / GiB
+
+    def manager(c: Config) -> Any:
+        key = c.base or c.name
+        if key not in open_sms:
+            open_sms[key] = W.open_manager(c.backend, shape, mem_gb)
+        return open_sms[key]
+
+    def release(c: Config) -> None:
+        if not c.persistent:
+            open_sms.pop(c.base or c.name).close()
+
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task("writing", total=(S + 1) * len(results) + 2)
+        for c in (configs[0], configs[6]):  # write the step's chunks: kvstream, LMCache disk
+            t0 = time.perf_counter()
+            sm = manager(c)
+            W.put(sm, shape, idx)
+            W.wait_puts(sm, shape, idx)
+            notes.append(f"{c.name}: wrote {len(idx)} chunks ({D / GiB:.2f} GiB) to every tier "
+                         f"in {time.perf_counter() - t0:.2f} s")
+            release(c)
+            prog.advance(task)
+        # Every path measured here is O_DIRECT, so the page cache is dropped once, not before
+        # each step: that would also evict torch's and LMCache's code, and the timed lookups
+        # would page it back in from the very disk under test. Configs reading through the page
+        # cache (a tier without O_DIRECT) still get a drop before each of their steps.
+        W.drop_caches()
+        backlog_seq = 0
+        for rnd in range(-1, S):  # round -1 warms up; round-robin so noise hits every config
+            label = "warm-up" if rnd < 0 else f"round {rnd + 1}/{S}"
+            for c in configs:
+                prog.update(task, description=f"{label}: {c.name}")
+                sm = manager(c)
+                pending: list[int] = []
+                if c.backlog:
+                    pending = list(range(10**6 + backlog_seq, 10**6 + backlog_seq + c.backlog))
+                    backlog_seq += c.backlog
+                    W.put(sm, shape, pending)
+                if W.uses_page_cache(sm):
+                    W.drop_caches()
+                r = W.step(sm, shape, requests, verify=(rnd < 0))
+                if rnd >= 0:
+                    _record(results[c.name], r)
+                if pending:
+                    W.wait_puts(sm, shape, pending)
+                release(c)
+                prog.advance(task)
+            if "fio" in results:
+                prog.update(task, description=f"{label}: fio")
+                secs, nbytes = fio.read_files(_chunk_files(first_dir, shape, idx), 4 << 20, 4 * m)
+                if rnd >= 0:
+                    results["fio"].step_s.append(secs * D / nbytes)
+                prog.advance(task)
+    for sm in open_sms.values():
+        sm.close()
+    results_list = list(results.values())
+    rep = _report(results_list, D, R, C, S, shape, tiers, notes, dropped)
+    render(rep, console)
+    if args.json:
+        import msgspec
+
+        with open(args.json, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(rep)))
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        plot(rep, args.plot)
+        console.print(f"wrote {args.plot}")
+    if not args.keep:
+        for d in cleanup:
+            shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    desc: str
+    backend: dict[str, Any]
+    persistent: bool = False  # keep the StorageManager open between rounds
+    backlog: int = 0  # chunks written just before each step
+    base: str = ""  # the config whose StorageManager this one shares
+
+
+def _record(res: ConfigResult, r: Any) -> None:
+    """Add one measured step (and kvstream's per-tier accounting) to ``res``."""
+    res.step_s.append(r.time_s)
+    res.lookup_s.append(r.lookup_s)
+    agg: dict[str, tuple[int, float]] = {}
+    for rep in r.engine_steps:
+        res.engine_gap.append(rep.gap)
+        for ts in rep.tiers:
+            b, t = agg.get(ts.name, (0, 0.0))
+            agg[ts.name] = (b + ts.bytes, t + ts.busy_s)
+    for name, (b, busy) in agg.items():
+        res.tier_gbps_per_step.setdefault(name, []).append(b / busy / 1e9 if busy else 0.0)
+        res.tier_samples.setdefault(name, []).append((b, busy))
+    res.tiers = []
+    for name, xs in res.tier_samples.items():
+        b = int(statistics.median(x[0] for x in xs))
+        busy = statistics.median(x[1] for x in xs)
+        res.tiers.append(TierResult(name, b, busy, b / busy / 1e9 if busy else 0.0))
+
+
+def _chunk_files(root: str, shape: Any, idx: list[int]) -> list[str]:
+    from ..format import key_digest
+    from ..tier import LAYOUT, SUFFIX
+
+    out = []
+    for i in idx:
+        h = key_digest(shape.key(i).to_string()).hex()
+        out.append(os.path.join(root, LAYOUT, "chunks", h[:2], h[2:4], h + SUFFIX))
+    return out
+
+
+def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: Any,
+            tiers: list[dict[str, Any]], notes: list[str], dropped: bool) -> BenchReport:
+    """Derive b0, b1, the bound and the targets from the measured configurations."""
+    by = {c.name: c for c in results}
+    b0 = D / by["kvstream-first"].median_s
+    b1 = D / by["kvstream-second"].median_s
+    bound = D / (b0 + b1)
+    a, d = by["kvstream"], by["lmcache-disk"]
+    targets = [
+        Target("kvstream step / bound - 1", a.median_s / bound - 1, "<= 0.05",
+               a.median_s / bound - 1 <= 0.05),
+    ]
+    statics = [c for c in results if c.name.startswith("static-")]
+    best_static = min(statics, key=lambda c: c.median_s)
+    targets.append(Target(f"kvstream / best static ({best_static.name})",
+                          a.median_s / best_static.median_s, "< 1",
+                          a.median_s < best_static.median_s))
+    want = 0.9 * (b0 + b1) / b0
+    targets.append(Target("speedup vs lmcache-disk", d.median_s / a.median_s,
+                          f">= 0.9 x (b0+b1)/b0 = {want:.2f}", d.median_s / a.median_s >= want))
+    if "fio" in by:
+        ratio = by["fio"].median_s / by["kvstream-first"].median_s
+        targets.append(Target("kvstream-first bandwidth / fio", ratio, ">= 0.95", ratio >= 0.95))
+    infl_a = by["kvstream+backlog"].median_s / a.median_s
+    infl_d = by["lmcache-disk+backlog"].median_s / d.median_s
+    targets.append(Target("backlog inflation kvstream (vs lmcache-disk "
+                          f"{infl_d:.2f})", infl_a, "< lmcache-disk's", infl_a < infl_d))
+    machine = {"python": platform.python_version(), "kernel": platform.release(),
+               "cpus": str(os.cpu_count()), "page_cache_dropped": str(dropped)}
+    setup = {"requests": R, "chunks_per_request": C, "steps": S,
+             "chunk_bytes": shape.chunk_bytes, "step_bytes": D,
+             "b0_gbps": b0 / 1e9, "b1_gbps": b1 / 1e9,
+             "tiers": "; ".join(f"{t['name']}={t['path']}" for t in tiers)}
+    return BenchReport(machine, setup, results, bound, targets, notes)
+

@@ -1,0 +1,107 @@
+"""Benchmark results: msgspec structs (``--json``), a rich table, targets and a plot."""
+
+from __future__ import annotations
+
+import statistics
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+GB = 1e9
+
+
+class TierResult(msgspec.Struct):
+    name: str
+    bytes: int
+    busy_s: float
+    gbps: float
+
+
+class ConfigResult(msgspec.Struct):
+    name: str
+    description: str
+    step_s: list[float]
+    lookup_s: list[float]
+    bytes_per_step: int
+    tiers: list[TierResult] = []
+    engine_gap: list[float] = []  # kvstream's own gap to D/sum(b_k) per step
+    tier_gbps_per_step: dict[str, list[float]] = {}
+    tier_samples: dict[str, list[tuple[int, float]]] = {}
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_s)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_per_step / self.median_s / GB
+
+
+class Target(msgspec.Struct):
+    name: str
+    value: float
+    goal: str
+    met: bool
+
+
+class BenchReport(msgspec.Struct):
+    machine: dict[str, str]
+    setup: dict[str, str | int | float]
+    configs: list[ConfigResult]
+    bound_s: float  # D / (b0 + b1) from the single-tier runs
+    targets: list[Target]
+    notes: list[str]
+
+
+def render(rep: BenchReport, console: Console) -> None:
+    by = {c.name: c for c in rep.configs}
+    base = by.get("lmcache-disk")
+    t = Table(title="kvstream bench: median step time (first lookup -> last get)")
+    for col in ("config", "step s", "GB/s", "per-tier GB (GB/s)", "gap to bound",
+                "vs lmcache-disk"):
+        t.add_column(col, justify="right" if col != "config" else "left")
+    for c in rep.configs:
+        tiers = ", ".join(f"{x.name} {x.bytes / GB:.2f} ({x.gbps:.2f})" for x in c.tiers) or "-"
+        gap = f"{c.median_s / rep.bound_s - 1:+.1%}" if rep.bound_s else "-"
+        speed = f"{base.median_s / c.median_s:.2f}x" if base else "-"
+        t.add_row(c.name, f"{c.median_s:.3f}", f"{c.gbps:.2f}", tiers, gap, speed)
+    console.print(t)
+    console.print(f"bound D/(b0+b1) from the single-tier runs: {rep.bound_s:.3f} s per step")
+    tt = Table(title="targets (measured in this run; not asserted)")
+    for col in ("target", "measured", "goal", "met"):
+        tt.add_column(col)
+    for x in rep.targets:
+        tt.add_row(x.name, f"{x.value:.3f}", x.goal, "[green]yes[/]" if x.met else "[red]no[/]")
+    console.print(tt)
+    for n in rep.notes:
+        console.print(f"[dim]note:[/] {n}")
+
+
+def plot(rep: BenchReport, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for c in rep.configs:
+        for tier, series in c.tier_gbps_per_step.items():
+            if c.name in ("kvstream", "static-0.7", "kvstream+backlog"):
+                ax1.plot(range(1, len(series) + 1), series, marker="o",
+                         label=f"{c.name}: {tier}")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("achieved tier bandwidth (GB/s)")
+    ax1.set_title("per-tier bandwidth over steps")
+    ax1.legend(fontsize=7)
+    names = [c.name for c in rep.configs]
+    gaps = [c.median_s / rep.bound_s - 1 if rep.bound_s else 0 for c in rep.configs]
+    ax2.bar(names, gaps, color=["tab:green" if n.startswith("kvstream") else "tab:gray"
+                                for n in names])
+    ax2.axhline(0.05, color="tab:red", ls="--", lw=1, label="+5%")
+    ax2.set_ylabel("step time / bound - 1")
+    ax2.set_title("gap to the aggregate-bandwidth bound")
+    ax2.tick_params(axis="x", rotation=45, labelsize=7)
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

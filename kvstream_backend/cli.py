@@ -1,0 +1,144 @@
+"""The ``kvstream`` command: ``bench``, ``check-config``, ``model`` and ``sim``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from .config import ConfigError, parse_config
+
+err = Console(stderr=True)
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    err.print(f"[bold red]error:[/] {msg}")
+    return code
+
+
+# ---- check-config ---------------------------------------------------------------------------
+def check_config(path: str) -> int:
+    """Validate a whole LMCache YAML: LMCache's own loader, plugin selection, kvstream keys,
+    tier directories and their I/O paths. Exit 0 only if the plugin would load and work."""
+    if not os.path.isfile(path):
+        return _fail(f"{path}: no such file", 2)
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    from lmcache.v1.config import LMCacheEngineConfig  # the LMCache loader, as in production
+
+    try:
+        cfg = LMCacheEngineConfig.from_file(path)
+    except Exception as e:  # noqa: BLE001 - report whatever LMCache's loader rejects
+        return _fail(f"{path}: LMCache cannot load it: {e}", 2)
+    extra = cfg.extra_config or {}
+    plugins = list(cfg.storage_plugins or [])
+    selected = []
+    for name in plugins:
+        mod = extra.get(f"storage_plugin.{name}.module_path")
+        cls = extra.get(f"storage_plugin.{name}.class_name")
+        if not mod or not cls:
+            return _fail(f"{path}: storage_plugins lists {name!r} but extra_config lacks "
+                         f"storage_plugin.{name}.module_path / class_name")
+        try:
+            klass = getattr(importlib.import_module(mod), cls)
+        except (ImportError, AttributeError) as e:
+            return _fail(f"{path}: storage_plugin.{name}: cannot import {mod}.{cls}: {e}")
+        from .adapters.lmcache_plugin import KVStreamBackend
+
+        if isinstance(klass, type) and issubclass(klass, KVStreamBackend):
+            selected.append(name)
+    if not selected:
+        return _fail(f"{path}: storage_plugins ({plugins}) does not select "
+                     "kvstream_backend.KVStreamBackend")
+    try:
+        kcfg = parse_config(extra)
+    except ConfigError as e:
+        return _fail(f"{path}: {e}")
+    from .io.probe import probe
+    from .tier import Tier
+
+    table = Table(title=f"kvstream tiers ({path})")
+    for col in ("tier", "path", "capacity GB", "free GB", "io", "O_DIRECT", "emulated"):
+        table.add_column(col)
+    problems = []
+    for i, t in enumerate(kcfg.tiers):
+        tier = Tier(t, file_mode=kcfg.file_mode, dir_mode=kcfg.dir_mode, negative_ms=0)
+        try:
+            tier.open()
+            io = probe(tier.tmp_dir, t.io, t.direct, kcfg.file_mode)
+        except OSError as e:
+            return _fail(f"{path}: kvstream.tiers[{i}].path: {t.path}: {e}")
+        st = os.statvfs(tier.root)
+        free = st.f_bavail * st.f_frsize
+        if t.capacity_bytes > free + tier.used:
+            problems.append(f"kvstream.tiers[{i}].max_size_gb ({t.max_size_gb}) exceeds the free "
+                            f"space of {t.path} ({free / 2**30:.1f} GB): writes will hit ENOSPC")
+        table.add_row(t.name, t.path, f"{t.max_size_gb:g}", f"{free / 2**30:.1f}", io.kind,
+                      "yes" if io.direct else "no", "yes" if t.emulate else "no")
+    out = Console()
+    out.print(table)
+    for p in problems:
+        err.print(f"[yellow]warning:[/] {p}")
+    out.print(f"[green]OK[/]: {path} selects kvstream as storage plugin {selected[0]!r}")
+    return 0
+
+
+# ---- model ----------------------------------------------------------------------------------
+def model_cmd(split: float, bws: list[float], demand_gb: float) -> int:
+    from . import model
+
+    if not 0 <= split <= 1:
+        return _fail("--split must be in [0, 1]", 2)
+    if len(bws) < 2 or any(b <= 0 for b in bws):
+        return _fail("--bw needs at least two positive bandwidths", 2)
+    shares = [split] + [(1 - split) / (len(bws) - 1)] * (len(bws) - 1)
+    bound = model.bound_s(demand_gb, bws)
+    static = model.static_s(demand_gb, shares, bws)
+    print(json.dumps({
+        "demand_gb": demand_gb, "bw_gbps": bws, "split": shares,
+        "phi": model.phi(bws), "bound_s": bound, "static_s": static,
+        "penalty": static / bound, "first_tier_alone_s": demand_gb / bws[0],
+    }, indent=2))
+    return 0
+
+
+def _floats(s: str) -> list[float]:
+    try:
+        return [float(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kvstream", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    cc = sub.add_parser("check-config", help="validate an LMCache YAML that selects kvstream")
+    cc.add_argument("file")
+
+    mo = sub.add_parser("model", help="the paper's performance model (Eq. 3-6)")
+    mo.add_argument("--split", type=float, required=True, help="first tier's share g")
+    mo.add_argument("--bw", type=_floats, required=True, help="tier bandwidths, GB/s: B0,B1")
+    mo.add_argument("--demand-gb", type=float, default=1.0)
+
+    from .bench.cli import add_bench_parser
+    from .sim.cli import add_sim_parser
+
+    add_bench_parser(sub)
+    add_sim_parser(sub)
+
+    args = ap.parse_args(argv)
+    if args.cmd == "check-config":
+        return check_config(args.file)
+    if args.cmd == "model":
+        return model_cmd(args.split, args.bw, args.demand_gb)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""kvsim: a trace-driven simulator of the KVStream performance model (``kvstream sim``)."""
