@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .routing import ClaimRouter
 
 BandwidthFn = Callable[[float], float]
+Bandwidth = BandwidthFn | float  # a constant, or a function of simulated time
 
 
 def phi(bws: Sequence[float]) -> float:
@@ -48,8 +49,10 @@ def bound_time(demand: float, bw_fns: Sequence[BandwidthFn], dt: float = 1e-4) -
     return t
 
 
-def _read_time(start: float, nbytes: float, bw: BandwidthFn) -> float:
+def _read_time(start: float, nbytes: float, bw: Bandwidth) -> float:
     """Time to read ``nbytes`` starting at ``start`` with bandwidth evaluated along the way."""
+    if not callable(bw):
+        return nbytes / bw
     t, left = start, nbytes
     while left > 0:
         b = bw(t)
@@ -72,7 +75,7 @@ class StepSim:
 def simulate_routed(
     n_chunks: int,
     chunk_bytes: float,
-    bw_fns: Sequence[BandwidthFn],
+    bw_fns: Sequence[Bandwidth],
     m: int,
     *,
     hedge: bool = True,
@@ -115,7 +118,7 @@ def simulate_routed(
 
 
 def simulate_static(
-    n_chunks: int, chunk_bytes: float, bw_fns: Sequence[BandwidthFn], split: Sequence[float]
+    n_chunks: int, chunk_bytes: float, bw_fns: Sequence[Bandwidth], split: Sequence[float]
 ) -> StepSim:
     """A static split by position: the first ``round(split[0]*n)`` chunks from tier 0, etc."""
     counts = [round(g * n_chunks) for g in split[:-1]]

@@ -64,157 +64,179 @@ def parse_tier(spec: str, name: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
-    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")
     import logging
 
     from rich.console import Console
-    from rich.progress import Progress
 
     from ..config import ConfigError, parse_config
-    from . import fio
-    from . import workload as W
+
     for name in ("lmcache", "kvstream"):
         logging.getLogger(name).setLevel(logging.ERROR)
     console = Console()
-    R = args.requests or (4 if args.quick else 8)
-    C = args.chunks or 8
-    S = args.steps or (2 if args.quick else 5)
     try:
-        shape = W.Shape.from_bytes_per_token(args.kv_bytes_per_token, args.layers, 4)
-    except ValueError as e:
+        bench = Bench(args, console)
+        parse_config({"kvstream.tiers": bench.tiers})
+        if len(bench.tiers) < 2:
+            raise ValueError("the benchmark needs two tiers (--tier twice)")
+    except (ValueError, ConfigError) as e:
         console.print(f"[red]error:[/] {e}")
         return 2
-    D = R * C * shape.chunk_bytes
-    cleanup: list[str] = []
-    notes: list[str] = []
-    if args.tier:
-        tiers = [parse_tier(s, f"tier{i}") for i, s in enumerate(args.tier)]
-    else:
-        base = tempfile.mkdtemp(prefix="kvstream-bench-", dir=args.workdir)
-        shm = tempfile.mkdtemp(prefix="kvstream-bench-", dir="/dev/shm")
-        cleanup += [base, shm]
-        tiers = [{"name": "nvme", "path": os.path.join(base, "nvme")},
-                 {"name": "pfs", "path": os.path.join(shm, "pfs"), "emulate": DEFAULT_PFS}]
-        notes.append(f"embedded tiers: 'nvme' = {tiers[0]['path']} (local disk, real I/O); "
-                     f"'pfs' = {tiers[1]['path']} (tmpfs) EMULATED as a network file system: "
-                     f"{DEFAULT_PFS}")
-    cap_gb = (4 * D + (S + 2) * D) / GiB * 1.2
-    for t in tiers:
-        t.setdefault("max_size_gb", cap_gb)
     try:
-        parse_config({"kvstream.tiers": tiers})
-    except ConfigError as e:
-        console.print(f"[red]error:[/] --tier: {e}")
-        return 2
-    if len(tiers) < 2:
-        console.print("[red]error:[/] the benchmark needs two tiers")
-        return 2
-    first_dir = tiers[0]["path"]
-    cpu_gb = (3 * D) / GiB + 0.5
-    requests = [[r * C + j for j in range(C)] for r in range(R)]
-    idx = [i for r in requests for i in r]
-    dropped = W.drop_caches()
-    if not dropped:
-        notes.append("could not drop the page cache (not root): O_DIRECT paths are unaffected, "
-                     "buffered fallbacks may read from memory")
-    console.print(f"kvstream bench: {R} requests x {C} chunks = {D / GiB:.2f} GiB per step "
-                  f"({shape.chunk_bytes >> 20} MiB chunks), {S} steps per configuration")
-
-    kv, m = W.kvstream_backend, args.claim_batch
-    disk_dir = os.path.join(first_dir, "lmcache-disk")
-    os.makedirs(disk_dir, exist_ok=True)
-    configs = [
-        Config("kvstream", "all tiers, completion-driven routing", kv(tiers, claim_batch=m)),
-        Config("kvstream-first", "first tier only", kv(tiers[:1], claim_batch=m)),
-        Config("kvstream-second", "second tier only", kv(tiers[1:2], claim_batch=m)),
-        *[Config(f"static-{g}", f"replicated, fixed split {g}:{1 - g:.1f}",
-                 kv(tiers[:2], claim_batch=m, static_split=g)) for g in (0.5, 0.7, 0.9)],
-        # LMCache's disk index lives in memory only: its StorageManager stays open throughout.
-        Config("lmcache-disk", "LMCache LocalDiskBackend, first tier, O_DIRECT",
-               W.local_disk_backend(disk_dir, cap_gb), persistent=True),
-    ]
-    configs += [Config(f"{c.name}+backlog", f"{c.desc}, with a write backlog = the step's reads",
-                       c.backend, backlog=len(idx), persistent=c.persistent, base=c.name)
-                for c in (configs[0], configs[-1])]
-    results = {c.name: ConfigResult(c.name, c.desc, [], [], D) for c in configs}
-    if fio.available():
-        results["fio"] = ConfigResult("fio", "fio io_uring O_DIRECT on kvstream's first-tier "
-                                      "chunk files (the device limit)", [], [], D)
-    else:
-        notes.append("fio is not installed: the device-limit row (e) is missing")
-    open_sms: dict[str, Any] = {}
-    mem_gb = cpu_gb + D / GiB
-
-    def manager(c: Config) -> Any:
-        key = c.base or c.name
-        if key not in open_sms:
-            open_sms[key] = W.open_manager(c.backend, shape, mem_gb)
-        return open_sms[key]
-
-    def release(c: Config) -> None:
-        if not c.persistent:
-            open_sms.pop(c.base or c.name).close()
-
-    with Progress(console=console, transient=True) as prog:
-        task = prog.add_task("writing", total=(S + 1) * len(results) + 2)
-        for c in (configs[0], configs[6]):  # write the step's chunks: kvstream, LMCache disk
-            t0 = time.perf_counter()
-            sm = manager(c)
-            W.put(sm, shape, idx)
-            W.wait_puts(sm, shape, idx)
-            notes.append(f"{c.name}: wrote {len(idx)} chunks ({D / GiB:.2f} GiB) to every tier "
-                         f"in {time.perf_counter() - t0:.2f} s")
-            release(c)
-            prog.advance(task)
-        # Every path measured here is O_DIRECT, so the page cache is dropped once, not before
-        # each step: that would also evict torch's and LMCache's code, and the timed lookups
-        # would page it back in from the very disk under test. Configs reading through the page
-        # cache (a tier without O_DIRECT) still get a drop before each of their steps.
-        W.drop_caches()
-        backlog_seq = 0
-        for rnd in range(-1, S):  # round -1 warms up; round-robin so noise hits every config
-            label = "warm-up" if rnd < 0 else f"round {rnd + 1}/{S}"
-            for c in configs:
-                prog.update(task, description=f"{label}: {c.name}")
-                sm = manager(c)
-                pending: list[int] = []
-                if c.backlog:
-                    pending = list(range(10**6 + backlog_seq, 10**6 + backlog_seq + c.backlog))
-                    backlog_seq += c.backlog
-                    W.put(sm, shape, pending)
-                if W.uses_page_cache(sm):
-                    W.drop_caches()
-                r = W.step(sm, shape, requests, verify=(rnd < 0))
-                if rnd >= 0:
-                    _record(results[c.name], r)
-                if pending:
-                    W.wait_puts(sm, shape, pending)
-                release(c)
-                prog.advance(task)
-            if "fio" in results:
-                prog.update(task, description=f"{label}: fio")
-                secs, nbytes = fio.read_files(_chunk_files(first_dir, shape, idx), 4 << 20, 4 * m)
-                if rnd >= 0:
-                    results["fio"].step_s.append(secs * D / nbytes)
-                prog.advance(task)
-    for sm in open_sms.values():
-        sm.close()
-    results_list = list(results.values())
-    rep = _report(results_list, D, R, C, S, shape, tiers, notes, dropped)
-    render(rep, console)
+        report = bench.run()
+    finally:
+        bench.cleanup()
+    render(report, console)
     if args.json:
         import msgspec
 
         with open(args.json, "wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(rep)))
+            f.write(msgspec.json.format(msgspec.json.encode(report)))
         console.print(f"wrote {args.json}")
     if args.plot:
-        plot(rep, args.plot)
+        plot(report, args.plot)
         console.print(f"wrote {args.plot}")
-    if not args.keep:
-        for d in cleanup:
-            shutil.rmtree(d, ignore_errors=True)
     return 0
+
+
+class Bench:
+    """One benchmark run: its tiers, workload and measurements (see the module doc)."""
+
+    def __init__(self, args: argparse.Namespace, console: Any) -> None:
+        from . import fio
+        from . import workload as W
+
+        self.args, self.console, self.W, self.fio = args, console, W, fio
+        self.R = args.requests or (4 if args.quick else 8)
+        self.C = args.chunks or 8
+        self.S = args.steps or (2 if args.quick else 5)
+        self.shape = W.Shape.from_bytes_per_token(args.kv_bytes_per_token, args.layers, 4)
+        self.D = self.R * self.C * self.shape.chunk_bytes
+        self.requests = [[r * self.C + j for j in range(self.C)] for r in range(self.R)]
+        self.idx = [i for r in self.requests for i in r]
+        self.notes: list[str] = []
+        self._cleanup: list[str] = []
+        if args.tier:
+            self.tiers = [parse_tier(s, f"tier{i}") for i, s in enumerate(args.tier)]
+        else:
+            base = tempfile.mkdtemp(prefix="kvstream-bench-", dir=args.workdir)
+            shm = tempfile.mkdtemp(prefix="kvstream-bench-", dir="/dev/shm")
+            self._cleanup += [base, shm]
+            self.tiers = [{"name": "nvme", "path": os.path.join(base, "nvme")},
+                          {"name": "pfs", "path": os.path.join(shm, "pfs"),
+                           "emulate": DEFAULT_PFS}]
+            self.notes.append(
+                f"embedded tiers: 'nvme' = {self.tiers[0]['path']} (local disk, real I/O); "
+                f"'pfs' = {self.tiers[1]['path']} (tmpfs) EMULATED as a network file system: "
+                f"{DEFAULT_PFS}")
+        self.cap_gb = (4 * self.D + (self.S + 2) * self.D) / GiB * 1.2
+        for t in self.tiers:
+            t.setdefault("max_size_gb", self.cap_gb)
+        self.mem_gb = 4 * self.D / GiB + 0.5  # a step, its hedges and a write backlog
+        self._open: dict[str, Any] = {}
+
+    def cleanup(self) -> None:
+        for sm in self._open.values():
+            sm.close()
+        self._open.clear()
+        if not self.args.keep:
+            for d in self._cleanup:
+                shutil.rmtree(d, ignore_errors=True)
+
+    def configs(self) -> list[Config]:
+        kv, m, t = self.W.kvstream_backend, self.args.claim_batch, self.tiers
+        disk_dir = os.path.join(t[0]["path"], "lmcache-disk")
+        os.makedirs(disk_dir, exist_ok=True)
+        base = [
+            Config("kvstream", "all tiers, completion-driven routing", kv(t, claim_batch=m)),
+            Config("kvstream-first", "first tier only", kv(t[:1], claim_batch=m)),
+            Config("kvstream-second", "second tier only", kv(t[1:2], claim_batch=m)),
+            *[Config(f"static-{g}", f"replicated, fixed split {g}:{1 - g:.1f}",
+                     kv(t[:2], claim_batch=m, static_split=g)) for g in (0.5, 0.7, 0.9)],
+            # LMCache's disk index lives in memory only: its StorageManager stays open.
+            Config("lmcache-disk", "LMCache LocalDiskBackend, first tier, O_DIRECT",
+                   self.W.local_disk_backend(disk_dir, self.cap_gb), persistent=True),
+        ]
+        return base + [
+            Config(f"{c.name}+backlog", f"{c.desc}, with a write backlog = the step's reads",
+                   c.backend, backlog=len(self.idx), persistent=c.persistent, base=c.name)
+            for c in (base[0], base[-1])
+        ]
+
+    def _manager(self, c: Config) -> Any:
+        key = c.base or c.name
+        if key not in self._open:
+            self._open[key] = self.W.open_manager(c.backend, self.shape, self.mem_gb)
+        return self._open[key]
+
+    def _release(self, c: Config) -> None:
+        if not c.persistent:
+            self._open.pop(c.base or c.name).close()
+
+    def run(self) -> BenchReport:
+        from rich.progress import Progress
+
+        W, S, D = self.W, self.S, self.D
+        configs = self.configs()
+        results = {c.name: ConfigResult(c.name, c.desc, [], [], D) for c in configs}
+        if self.fio.available():
+            results["fio"] = ConfigResult("fio", "fio io_uring O_DIRECT on kvstream's "
+                                          "first-tier chunk files (the device limit)", [], [], D)
+        else:
+            self.notes.append("fio is not installed: the device-limit row (e) is missing")
+        dropped = W.drop_caches()
+        if not dropped:
+            self.notes.append("could not drop the page cache (not root): O_DIRECT paths are "
+                              "unaffected, buffered fallbacks may read from memory")
+        self.console.print(
+            f"kvstream bench: {self.R} requests x {self.C} chunks = {D / GiB:.2f} GiB per step "
+            f"({self.shape.chunk_bytes >> 20} MiB chunks), {S} rounds over "
+            f"{len(results)} configurations")
+        with Progress(console=self.console, transient=True) as prog:
+            task = prog.add_task("writing", total=(S + 1) * len(results) + 2)
+            for c in (configs[0], configs[6]):  # the step's chunks: kvstream and LMCache disk
+                t0 = time.perf_counter()
+                sm = self._manager(c)
+                W.put(sm, self.shape, self.idx)
+                W.wait_puts(sm, self.shape, self.idx)
+                self.notes.append(f"{c.name}: wrote {len(self.idx)} chunks ({D / GiB:.2f} GiB) "
+                                  f"to every tier in {time.perf_counter() - t0:.2f} s")
+                self._release(c)
+                prog.advance(task)
+            # Every path measured here is O_DIRECT, so the page cache is dropped once, not
+            # before each step: that would also evict torch's and LMCache's code, and the
+            # timed lookups would page it back in from the very disk under test. Configs that
+            # read through the page cache (a tier without O_DIRECT) still drop before a step.
+            W.drop_caches()
+            seq = 0
+            for rnd in range(-1, S):  # round -1 warms up; round-robin spreads the noise
+                label = "warm-up" if rnd < 0 else f"round {rnd + 1}/{S}"
+                for c in configs:
+                    prog.update(task, description=f"{label}: {c.name}")
+                    sm = self._manager(c)
+                    pending = list(range(10**6 + seq, 10**6 + seq + c.backlog))
+                    seq += c.backlog
+                    if pending:
+                        W.put(sm, self.shape, pending)
+                    if W.uses_page_cache(sm):
+                        W.drop_caches()
+                    r = W.step(sm, self.shape, self.requests, verify=rnd < 0)
+                    if rnd >= 0:
+                        _record(results[c.name], r)
+                    if pending:
+                        W.wait_puts(sm, self.shape, pending)
+                    self._release(c)
+                    prog.advance(task)
+                if "fio" in results:
+                    prog.update(task, description=f"{label}: fio")
+                    files = _chunk_files(self.tiers[0]["path"], self.shape, self.idx)
+                    secs, nbytes = self.fio.read_files(files, 4 << 20, 4 * self.args.claim_batch,
+                                                       self.tiers[0]["path"])
+                    if rnd >= 0:
+                        results["fio"].step_s.append(secs * D / nbytes)
+                    prog.advance(task)
+        return _report(list(results.values()), D, self.R, self.C, S, self.shape, self.tiers,
+                       self.notes, dropped)
 
 
 @dataclass(frozen=True)

@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import tempfile
 
 
 def available() -> bool:
     return shutil.which("fio") is not None
 
 
-def read_files(files: list[str], block: int, depth: int) -> tuple[float, int]:
-    """Read ``files`` once with fio; return (seconds, bytes)."""
-    cmd = [
-        "fio", "--name=kvstream-chunks", "--rw=read", f"--bs={block}", "--direct=1",
-        "--ioengine=io_uring", f"--iodepth={depth}", "--output-format=json",
-        "--file_service_type=sequential", "--filename=" + ":".join(f.replace(":", "\\:")
-                                                                   for f in files),
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)
-    job = json.loads(out.stdout)["jobs"][0]["read"]
+def read_files(files: list[str], block: int, depth: int, workdir: str) -> tuple[float, int]:
+    """Read ``files`` once with fio; return (seconds, bytes).
+
+    fio takes the files through ``--opendir`` on a directory of hard links made in ``workdir``
+    (same file system as the files): its ``--filename`` list is limited to 4096 characters and
+    ``--opendir`` skips symlinks.
+    """
+    with tempfile.TemporaryDirectory(prefix="fio-", dir=workdir) as d:
+        for i, f in enumerate(files):
+            os.link(f, os.path.join(d, f"{i:06d}"))
+        cmd = [
+            "fio", "--name=kvstream-chunks", "--rw=read", f"--bs={block}", "--direct=1",
+            "--ioengine=io_uring", f"--iodepth={depth}", "--output-format=json",
+            "--file_service_type=sequential", f"--opendir={d}",
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"fio failed: {out.stderr.strip()[-500:]}")
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]["read"]
     return job["runtime"] / 1000.0, int(job["io_bytes"])

@@ -90,6 +90,7 @@ def plot(rep: BenchReport, path: str) -> None:
             if c.name in ("kvstream", "static-0.7", "kvstream+backlog"):
                 ax1.plot(range(1, len(series) + 1), series, marker="o",
                          label=f"{c.name}: {tier}")
+    ax1.xaxis.get_major_locator().set_params(integer=True)
     ax1.set_xlabel("step")
     ax1.set_ylabel("achieved tier bandwidth (GB/s)")
     ax1.set_title("per-tier bandwidth over steps")

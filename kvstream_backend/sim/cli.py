@@ -1,10 +1,82 @@
-"""``kvstream sim`` argument parsing (the simulator itself is in :mod:`.replay`)."""
+"""``kvstream sim``: argument parsing and the printed summary (the model is in :mod:`.replay`)."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 
+def _floats(s: str) -> list[float]:
+    try:
+        return [float(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+
+
 def add_sim_parser(sub: Any) -> None:
-    p = sub.add_parser("sim", help="replay a request trace through the performance model")
-    p.set_defaults(func=lambda a: 2)
+    p = sub.add_parser("sim", help="replay a request trace through the performance model",
+                       description="Trace-driven simulator of KVStream's performance model "
+                       "(see kvstream_backend/sim/replay.py for the model).")
+    p.add_argument("--trace", required=True)
+    p.add_argument("--format", choices=["mooncake", "simple"], default="mooncake")
+    p.add_argument("--kv-bytes-per-token", type=int, required=True)
+    p.add_argument("--host-mem-gb", type=_floats, required=True, help="M[,M2,...]")
+    p.add_argument("--gpu-mem-gb", type=float, default=0.0)
+    p.add_argument("--tier-bw", type=_floats, required=True, help="B0,B1 in GB/s")
+    p.add_argument("--bw-jitter", type=float, default=0.0, help="relative per-step drift")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="arrival rate multiplier")
+    p.add_argument("--order", choices=["trace", "round-robin", "random"], default="trace")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-tokens", type=int, default=512)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--prefill-tokens-per-s", type=float, default=40000.0,
+                   help="prefill compute throughput of the serving engine")
+    p.add_argument("--claim-batch", type=int, default=4)
+    p.add_argument("--limit", type=int, default=0, help="only the first N requests")
+    p.add_argument("--json", metavar="OUT", help="write the full report")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import msgspec
+    from rich.console import Console
+    from rich.table import Table
+
+    from .replay import SimParams
+    from .replay import run as replay
+
+    err = Console(stderr=True)
+    if len(args.tier_bw) != 2 or min(args.tier_bw) <= 0:
+        err.print("[red]error:[/] --tier-bw needs two positive bandwidths, e.g. 3,1")
+        return 2
+    if not 0 <= args.bw_jitter < 1 or args.rate_scale <= 0:
+        err.print("[red]error:[/] need 0 <= --bw-jitter < 1 and --rate-scale > 0")
+        return 2
+    p = SimParams(args.kv_bytes_per_token, args.gpu_mem_gb, tuple(args.tier_bw),
+                  args.bw_jitter, args.rate_scale, args.block_tokens, args.max_batch,
+                  args.prefill_tokens_per_s, claim_batch=args.claim_batch, seed=args.seed)
+    try:
+        rep = replay(args.trace, args.format, args.host_mem_gb, p, args.order, args.limit)
+    except (OSError, ValueError) as e:
+        err.print(f"[red]error:[/] {e}")
+        return 2
+    con = Console(width=max(132, Console().width))
+    t = Table(title=f"kvstream sim: {rep.requests} requests from {args.trace}")
+    for col in ("host GB", "demand sim GB", "demand Eq.2 GB", "policy", "retrieval s",
+                "gap", "TTFT mean", "p50", "p90", "req/s"):
+        t.add_column(col)
+    for m in rep.memory:
+        for i, pol in enumerate(m.policies):
+            t.add_row(*(
+                [f"{m.host_mem_gb:g}", f"{m.simulated_demand_bytes / 1e9:.1f}",
+                 f"{m.predicted_demand_bytes / 1e9:.1f}"] if i == 0 else ["", "", ""]),
+                pol.name, f"{pol.retrieval_s_total:.1f}", f"{pol.gap_to_bound_mean:+.1%}",
+                f"{pol.ttft_mean_s:.2f}", f"{pol.ttft_p50_s:.2f}", f"{pol.ttft_p90_s:.2f}",
+                f"{pol.throughput_req_s:.2f}")
+    con.print(t)
+    if rep.demand_correlation is not None:
+        con.print(f"correlation of simulated and Eq. 2 demand: {rep.demand_correlation:.4f}")
+    if args.json:
+        with open(args.json, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(rep)))
+    return 0
