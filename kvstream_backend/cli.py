@@ -29,6 +29,7 @@ def check_config(path: str) -> int:
     if not os.path.isfile(path):
         return _fail(f"{path}: no such file", 2)
     os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")
     from lmcache.v1.config import LMCacheEngineConfig  # the LMCache loader, as in production
 
     try:
@@ -56,7 +57,7 @@ def check_config(path: str) -> int:
         return _fail(f"{path}: storage_plugins ({plugins}) does not select "
                      "kvstream_backend.KVStreamBackend")
     try:
-        kcfg = parse_config(extra)
+        kcfg = parse_config(extra, check_paths=False)  # validation must not create directories
     except ConfigError as e:
         return _fail(f"{path}: {e}")
     from .io.probe import probe
@@ -67,25 +68,40 @@ def check_config(path: str) -> int:
         table.add_column(col)
     problems = []
     for i, t in enumerate(kcfg.tiers):
-        tier = Tier(t, file_mode=kcfg.file_mode, dir_mode=kcfg.dir_mode, negative_ms=0)
-        try:
-            tier.open()
-            io = probe(tier.tmp_dir, t.io, t.direct, kcfg.file_mode)
-        except OSError as e:
-            return _fail(f"{path}: kvstream.tiers[{i}].path: {t.path}: {e}")
-        st = os.statvfs(tier.root)
+        key = f"kvstream.tiers[{i}].path"
+        existing = _nearest_existing(t.path)
+        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+            return _fail(f"{path}: {key}: {existing} is not a writable directory")
+        if existing != os.path.abspath(t.path):
+            kind, direct = "(created at start)", "?"
+        else:
+            tier = Tier(t, file_mode=kcfg.file_mode, dir_mode=kcfg.dir_mode, negative_ms=0)
+            try:
+                tier.open()
+                io = probe(tier.tmp_dir, t.io, t.direct, kcfg.file_mode)
+            except OSError as e:
+                return _fail(f"{path}: {key}: {t.path}: {e}")
+            kind, direct = io.kind, "yes" if io.direct else "no"
+        st = os.statvfs(existing)
         free = st.f_bavail * st.f_frsize
-        if t.capacity_bytes > free + tier.used:
-            problems.append(f"kvstream.tiers[{i}].max_size_gb ({t.max_size_gb}) exceeds the free "
-                            f"space of {t.path} ({free / 2**30:.1f} GB): writes will hit ENOSPC")
-        table.add_row(t.name, t.path, f"{t.max_size_gb:g}", f"{free / 2**30:.1f}", io.kind,
-                      "yes" if io.direct else "no", "yes" if t.emulate else "no")
+        if t.capacity_bytes > free:
+            problems.append(f"kvstream.tiers[{i}].max_size_gb ({t.max_size_gb:g}) exceeds the "
+                            f"free space of {existing} ({free / 2**30:.1f} GB)")
+        table.add_row(t.name, t.path, f"{t.max_size_gb:g}", f"{free / 2**30:.1f}", kind,
+                      direct, "yes" if t.emulate else "no")
     out = Console()
     out.print(table)
     for p in problems:
         err.print(f"[yellow]warning:[/] {p}")
     out.print(f"[green]OK[/]: {path} selects kvstream as storage plugin {selected[0]!r}")
     return 0
+
+
+def _nearest_existing(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    return p
 
 
 # ---- model ----------------------------------------------------------------------------------
