@@ -142,6 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     mo.add_argument("--bw", type=_floats, required=True, help="tier bandwidths, GB/s: B0,B1")
     mo.add_argument("--demand-gb", type=float, default=1.0)
 
+    so = sub.add_parser("soak", help="writes, pooled reads and injected faults; counts losses")
+    so.add_argument("--minutes", type=float, default=20.0)
+    so.add_argument("--seed", type=int, default=0)
+    so.add_argument("--chunk-kb", type=int, default=256)
+    so.add_argument("--workdir", default="/var/tmp", help="where the two tiers are created")
+    so.add_argument("--json", metavar="FILE")
+
     from .bench.cli import add_bench_parser
     from .sim.cli import add_sim_parser
 
@@ -153,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check_config(args.file)
     if args.cmd == "model":
         return model_cmd(args.split, args.bw, args.demand_gb)
+    if args.cmd == "soak":
+        from .soak import main as soak_main
+
+        return soak_main(args.minutes, args.seed, args.chunk_kb, args.json, args.workdir)
     return int(args.func(args))
 
 

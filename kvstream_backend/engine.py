@@ -42,7 +42,7 @@ from .io import files
 from .io.memory import SlabPool
 from .io.ops import IoOp, IoQueue, Waker
 from .io.probe import IoPath, make_queue, probe
-from .routing import ClaimRouter, StaticSplitRouter
+from .routing import DEAD, DONE, ClaimRouter, StaticSplitRouter
 from .stats import EngineStats, StepReport, TierInfo, TierStep
 from .tier import Tier
 
@@ -603,12 +603,17 @@ class Engine:
             rt.tier.quarantine(digest, reason)
             self._read_failed(a, reason)
             return
+        chunk = self._chunks[a.idx]
+        if a.primary:
+            chunk.primary_free = True
         if self._router.complete(a.tier, a.idx):
             rt.step.chunks += 1
             rt.tier.touch(digest)
             self._chunks_read += 1
             self._step_bytes += plen
             self._step_last = now
+            if not a.primary and chunk.primary_free:
+                h.buffer.release()  # a hedge won while the request's own buffer sat idle
             self._resolve(h, a.buf)
         else:
             a.buf.release()
@@ -629,10 +634,11 @@ class Engine:
         rt.errors[reason] += 1
         rt.step.errors += 1
         chunk = self._chunks[a.idx]
-        if a.primary:
-            chunk.primary_free = True
+        resolved = self._router.state(a.idx) in (DONE, DEAD)
+        if a.primary and not resolved:
+            chunk.primary_free = True  # kept for the next attempt on another tier
         else:
-            a.buf.release()
+            a.buf.release()  # a hedge's buffer, or the request's own after a hedge won
         if self._router.fail(a.tier, a.idx):
             self._resolve(chunk.handle, None, reason)
 

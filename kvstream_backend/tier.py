@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import socket
 import stat
 import threading
 import time
@@ -31,7 +30,6 @@ from .io import files
 LAYOUT = "kvs1"
 SUFFIX = ".kvs"
 STALE_TEMP_S = 3600.0
-_HOST = socket.gethostname().replace(".", "_")
 
 
 @dataclass
@@ -74,19 +72,29 @@ class Tier:
 
     # ---- start-up -------------------------------------------------------------------------
     def open(self) -> None:
-        """Create the layout, clean temp files of dead writers and rebuild the index."""
+        """Create the layout, clean temp files of dead writers and rebuild the index.
+
+        The tier root itself must exist: it is never created here, so a vanished mount point
+        is an error rather than a fresh directory on the file system underneath.
+        """
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(2, "tier root is missing", self.root)
         for d in (self.base, self.chunks_dir, self.tmp_dir, self.quarantine_dir):
-            os.makedirs(d, mode=self.dir_mode, exist_ok=True)
+            self._mkdir(d)
+        self._made_dirs.clear()
         self._clean_temps()
         self.rescan()
+
+    def _mkdir(self, path: str) -> None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, self.dir_mode)
 
     def _clean_temps(self) -> None:
         now = time.time()
         with os.scandir(self.tmp_dir) as it:
             for de in it:
-                host, _, rest = de.name.partition(".")
-                pid = rest.partition(".")[0]
-                mine_dead = host == _HOST and pid.isdigit() and not _pid_alive(int(pid))
+                host, pid = files.temp_owner(de.name)
+                mine_dead = host == files.HOST and pid is not None and not _pid_alive(pid)
                 try:
                     stale = now - de.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S
                 except FileNotFoundError:
@@ -121,11 +129,15 @@ class Tier:
         return os.path.join(self.chunks_dir, h[:2], h[2:4], h + SUFFIX)
 
     def ensure_parent(self, digest: bytes) -> str:
-        """Return the chunk path, creating its fan-out directories (0700) if needed."""
+        """Return the chunk path, creating its two fan-out directories (``dir_mode``) if needed.
+
+        Only those two levels are ever created: if ``chunks/`` is gone, this raises.
+        """
         path = self.chunk_path(digest)
         parent = os.path.dirname(path)
         if parent not in self._made_dirs:
-            os.makedirs(parent, mode=self.dir_mode, exist_ok=True)
+            self._mkdir(os.path.dirname(parent))
+            self._mkdir(parent)
             self._made_dirs.add(parent)
         return path
 

@@ -329,9 +329,9 @@ def test_temp_files_of_dead_writers_are_cleaned(tier_dirs):
     cfg = engine_config(tier_dirs)
     tmp = os.path.join(tier_dirs[0], "kvs1", "tmp")
     os.makedirs(tmp)
-    import socket
+    from kvstream_backend.io.files import HOST
 
-    dead = os.path.join(tmp, f"{socket.gethostname().replace('.', '_')}.999999999.x.tmp")
+    dead = os.path.join(tmp, f"{HOST}.999999999.x.tmp")
     open(dead, "w").close()
     from kvstream_backend.engine import Engine
 

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import mmap
 import os
+import socket
 import stat
 import uuid
 
@@ -48,9 +49,21 @@ def read_head(path: str, n: int, direct: bool) -> bytes:
         close(fd, drop_pages=not direct)
 
 
+# Temporary files are named HOST.PID.UUID.tmp, so a process can tell its own dead writers' files
+# (same host, PID not running) from live writers' on a tier shared with other processes/nodes.
+HOST = socket.gethostname().replace(".", "_")
+
+
+def temp_owner(name: str) -> tuple[str, int | None]:
+    """``(host, pid)`` of a temporary file name (pid None if the name is not ours)."""
+    host, _, rest = name.partition(".")
+    pid = rest.partition(".")[0]
+    return host, int(pid) if pid.isdigit() else None
+
+
 def create_temp(tmp_dir: str, mode: int, direct: bool) -> tuple[int, str]:
     """Create a new, exclusive temporary file under ``tmp_dir``; return ``(fd, path)``."""
-    path = os.path.join(tmp_dir, f"{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    path = os.path.join(tmp_dir, f"{HOST}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     fd = os.open(path, _WR | (os.O_DIRECT if direct else 0), mode)
     return fd, path
 
