@@ -213,17 +213,23 @@ class Tier:
     def quarantine(self, digest: bytes, reason: str) -> None:
         """Move a file that failed validation aside (never served again) and count it.
 
-        Only the caller that removes the index entry acts, so concurrent detections of the same
-        bad file (a lookup and the header warm-up) count it once.
+        Only the caller that removes the index entry acts, and it moves the file before a
+        concurrent lookup can rediscover it, so concurrent detections of the same bad file (a
+        lookup and the header warm-up) count it once.
         """
-        if not self.discard(digest):
-            return
-        self.counters.quarantined[reason] += 1
         dst = os.path.join(self.quarantine_dir, f"{digest.hex()}.{reason}.{os.getpid()}")
-        try:
-            os.rename(self.chunk_path(digest), dst)
-        except OSError:
-            files.unlink_quiet(self.chunk_path(digest))
+        with self._lock:
+            e = self._index.pop(digest, None)
+            if e is None:
+                return
+            self.used -= e.size
+            self.counters.quarantined[reason] += 1
+            try:
+                os.rename(self.chunk_path(digest), dst)
+            except OSError:
+                files.unlink_quiet(self.chunk_path(digest))
+            if self._negative_s > 0:
+                self._negative[digest] = time.monotonic() + self._negative_s
 
     def reserve(self, size: int, evictable: Callable[[bytes], bool]) -> bool:
         """Account ``size`` bytes for a write in progress, evicting LRU entries to make room.
