@@ -14,6 +14,7 @@ that differ from what was written. Both must be 0.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
@@ -112,7 +113,7 @@ class Soak:
             with self.lock:
                 self.pending += 1
             self.engine.write(key, buf, self.size, b"soak", on_published=self._acked,
-                              on_done=lambda b=buf: self._written(b))
+                              on_done=functools.partial(self._written, buf))
         self.ops["write"] += len(bufs)
 
     def _acked(self, key: str) -> None:

