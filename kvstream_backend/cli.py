@@ -123,7 +123,8 @@ def model_cmd(split: float, bws: list[float], demand_gb: float) -> int:
     return 0
 
 
-def _floats(s: str) -> list[float]:
+def floats(s: str) -> list[float]:
+    """argparse type: comma-separated numbers."""
     try:
         return [float(x) for x in s.split(",")]
     except ValueError:
@@ -139,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     mo = sub.add_parser("model", help="the paper's performance model (Eq. 3-6)")
     mo.add_argument("--split", type=float, required=True, help="first tier's share g")
-    mo.add_argument("--bw", type=_floats, required=True, help="tier bandwidths, GB/s: B0,B1")
+    mo.add_argument("--bw", type=floats, required=True, help="tier bandwidths, GB/s: B0,B1")
     mo.add_argument("--demand-gb", type=float, default=1.0)
 
     so = sub.add_parser("soak", help="writes, pooled reads and injected faults; counts losses")

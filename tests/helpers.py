@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-
 from kvstream_backend.engine import Engine, ReadHandle
 from kvstream_backend.io.memory import AlignedBuffer
+from kvstream_backend.soak import payload  # deterministic, key-specific bytes
 
-
-def payload(key: str, size: int) -> bytes:
-    """Deterministic, key-specific bytes (so a chunk served for the wrong key is caught)."""
-    seed = hashlib.sha256(key.encode()).digest()
-    return (seed * (size // len(seed) + 1))[:size]
+__all__ = ["payload", "write_all", "read_all", "check_all"]
 
 
 def write_all(engine: Engine, keys: list[str], size: int, timeout: float = 120) -> None:

@@ -5,12 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-
-def _floats(s: str) -> list[float]:
-    try:
-        return [float(x) for x in s.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+from ..cli import floats as _floats
 
 
 def add_sim_parser(sub: Any) -> None:
