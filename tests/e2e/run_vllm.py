@@ -12,6 +12,7 @@ caching is off, so reuse can only come from LMCache. The engine runs in-process
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -52,4 +53,15 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # vLLM's and LMCache's non-daemon threads can keep a process alive after the work (or an
+    # exception) is done; the report is printed and kvstream flushed, so leave hard.
+    try:
+        main()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)

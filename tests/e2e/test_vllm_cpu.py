@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]  # several vLLM starts each
 REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "kvstream_backend" / "testing" / "site"
 PREFIX = "Storage tiers serve prefix KV chunks. The quick brown fox jumps. 0123456789 " * 200
