@@ -44,7 +44,9 @@ def main() -> None:
     llm = LLM(
         model=args.model,
         kv_transfer_config=KVTransferConfig(kv_connector="LMCacheConnectorV1",
-                                            kv_role="kv_both"),
+                                            kv_role="kv_both",
+                                            # a chunk failing verification is recomputed
+                                            kv_load_failure_policy="recompute"),
         enable_prefix_caching=False,  # so that reuse visibly comes from LMCache/kvstream
         **device_kw,
     )

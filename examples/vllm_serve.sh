@@ -8,4 +8,4 @@ export LMCACHE_CONFIG_FILE=${LMCACHE_CONFIG_FILE:-$HERE/lmcache-kvstream.yaml}
 export LMCACHE_TRACK_USAGE=false
 kvstream check-config "$LMCACHE_CONFIG_FILE"
 exec vllm serve "$MODEL" \
-  --kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
+  --kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both","kv_load_failure_policy":"recompute"}'

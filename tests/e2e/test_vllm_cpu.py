@@ -52,7 +52,7 @@ def _yaml(path: Path, tiers: list[str]) -> Path:
     return path
 
 
-def _run(model: Path, prompts: Path, config: Path | None = None) -> dict:
+def _run(model: Path, prompts: Path, config: Path | None = None, *flags: str) -> dict:
     env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1",
            "VLLM_NO_USAGE_STATS": "1", "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -60,7 +60,7 @@ def _run(model: Path, prompts: Path, config: Path | None = None) -> dict:
     if config is not None:
         env["LMCACHE_CONFIG_FILE"] = str(config)
         env["PYTHONPATH"] = os.pathsep.join([str(SITE), env.get("PYTHONPATH", "")])
-        args.append("--lmcache")
+        args += ["--lmcache", *flags]
     r = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads([x for x in r.stdout.splitlines() if x.startswith("REPORT ")][-1][7:])
@@ -107,6 +107,13 @@ def test_restart_serves_prefixes_from_the_tiers(tmp_path, model_dir, prompts_fil
     assert third["token_ids"] == reference["token_ids"], "corrupt KV reached the model"
     assert sum(third["kvstream"]["quarantined"].values()) > 0
     assert "Retrieved 2816 out of 2816" not in third["log"]
+
+    # with vLLM's default policy ("fail") the same damage fails requests, never corrupts them
+    assert sum(_corrupt_payloads(d) for d in tiers) > 0  # the recompute run stored afresh
+    fourth = _run(model_dir, prompts_file, cfg, "--fail-on-load-error")
+    for got, want in zip(fourth["token_ids"], reference["token_ids"], strict=True):
+        assert got in (want, []), "corrupt KV reached the model"
+    assert [] in fourth["token_ids"], "expected the load failure to fail a request"
 
 
 def test_second_process_hits_what_the_first_wrote_on_a_shared_tier(
