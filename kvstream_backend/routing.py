@@ -70,10 +70,6 @@ class ClaimRouter:
         return self._outstanding[tier]
 
     @property
-    def unclaimed(self) -> int:
-        return self._unclaimed
-
-    @property
     def unresolved(self) -> int:
         """Chunks neither delivered nor dead."""
         return self._unresolved
