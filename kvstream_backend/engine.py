@@ -552,7 +552,7 @@ class Engine:
         op = IoOp(fd, [(hdr[0], fmt.HEADER_SIZE), (buf.addr, need)], 0, False, attempt)
         op.t_submit = now
         if not rt.rq.submit(op):  # depth exhausted: count as a transient failure of this tier
-            os.close(fd)
+            files.close(fd, drop_pages=False)
             self._slab.put(hdr)
             self._attempt_failed(attempt, errno.EAGAIN)
             return
@@ -561,7 +561,7 @@ class Engine:
         rt.reads_inflight += 1
 
     def _read_done(self, rt: _TierRuntime, op: IoOp, now: float) -> None:
-        files.close(op.fd, drop_pages=not rt.path.direct)
+        files.close(op.fd, drop_pages=not rt.path.direct)  # an error here loses nothing read
         if rt.rthrottle is not None:
             when = rt.rthrottle.release_at(op.t_submit, now, op.done)
             if when > now:
@@ -720,7 +720,7 @@ class Engine:
                       _WriteAttempt(job, ti, tmp, size))
             op.t_submit = now
             if not rt.wq.submit(op):
-                os.close(fd)
+                files.close(fd, drop_pages=False)
                 files.unlink_quiet(tmp)
                 rt.tier.unreserve(size)
                 continue
@@ -731,7 +731,9 @@ class Engine:
             self._end_job(job)
 
     def _write_done(self, rt: _TierRuntime, op: IoOp, now: float) -> None:
-        files.close(op.fd, drop_pages=not rt.path.direct)
+        err = files.close(op.fd, drop_pages=not rt.path.direct)
+        if err and op.result >= 0:
+            op.result = -err  # the data may not have reached the file system
         if rt.wthrottle is not None:
             when = rt.wthrottle.release_at(op.t_submit, now, op.done)
             if when > now:
@@ -803,8 +805,10 @@ class Engine:
         rt = self._tiers[ti]
         ok = False
         try:
-            if os.stat(rt.tier.root).st_dev != rt.dev:
-                raise OSError(errno.ENODEV, "tier root is on a different file system now")
+            # Same file system as at start, or a remount that still holds our layout; never
+            # the empty mount point of a dead mount (that would fill the disk underneath).
+            if os.stat(rt.tier.root).st_dev != rt.dev and not os.path.isdir(rt.tier.base):
+                raise OSError(errno.ENODEV, "tier root is an empty, different file system")
             rt.tier.open()
             probe(rt.tier.tmp_dir, rt.path.kind, "on" if rt.path.direct else "off",
                   self.cfg.file_mode)

@@ -85,12 +85,21 @@ def publish(tmp_path: str, final_path: str) -> bool:
     return won
 
 
-def close(fd: int, *, drop_pages: bool) -> None:
-    """Close ``fd``; with ``drop_pages`` (buffered I/O) first evict its pages from the cache."""
+def close(fd: int, *, drop_pages: bool) -> int:
+    """Close ``fd`` (with ``drop_pages``, first evict its pages from the cache).
+
+    Never raises: returns 0, or the errno ``close`` reported (a dead network mount reports
+    ENOTCONN or EIO here). Linux releases the descriptor either way; for a write the error
+    means the data may not have reached the file system.
+    """
     if drop_pages:
         with contextlib.suppress(OSError):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+    try:
+        os.close(fd)
+    except OSError as e:
+        return e.errno or errno.EIO
+    return 0
 
 
 def unlink_quiet(path: str) -> None:
