@@ -18,7 +18,9 @@ from .helpers import check_all, write_all
 
 TOOL = Path(__file__).resolve().parents[2] / "shared" / "tools" / "pfs-gluster.sh"
 ENV = {**os.environ, "PFS_VOL": "kvstest", "PFS_BRICK": "/dev/shm/kvstest-brick",
-       "PFS_MNT": "/mnt/kvstest-pfs"}
+       "PFS_MNT": "/mnt/kvstest-pfs",
+       # the gluster CLI and daemons live in /usr/sbin, which a CI PATH may lack
+       "PATH": os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])}
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ def test_metrics_follow_the_engine(tier_dirs, make_engine) -> None:
     reg = registry_for(e)
     write_all(e, ["m1", "m2", "m3"], 8192)
     check_all(e, ["m1", "m2", "m3"], 8192)
+    assert e.wait_idle(10)  # the step report is recorded once the pool has drained
     e.tiers[0].quarantine(fmt.key_digest("m1"), "bad-payload-checksum")
     text = generate_latest(reg).decode()
     assert 'kvstream_tier_up{tier="t0"} 1.0' in text
