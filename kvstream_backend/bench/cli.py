@@ -10,6 +10,7 @@ LocalDiskBackend on the first tier with O_DIRECT; (e) ``fio`` on kvstream's chun
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import shutil
@@ -216,11 +217,13 @@ class Bench:
                     sm = self._manager(c)
                     pending = list(range(10**6 + seq, 10**6 + seq + c.backlog))
                     seq += c.backlog
-                    if pending:
-                        W.put(sm, self.shape, pending)
                     if W.uses_page_cache(sm):
                         W.drop_caches()
-                    r = W.step(sm, self.shape, self.requests, verify=rnd < 0)
+                    # the backlog is put once the step's reads are in flight (vLLM: step N's
+                    # saves arrive while step N+1's lookups have started its reads)
+                    r = W.step(sm, self.shape, self.requests, verify=rnd < 0,
+                               after_lookups=functools.partial(W.put, sm, self.shape, pending)
+                               if pending else None)
                     if rnd >= 0:
                         _record(results[c.name], r)
                     if pending:
@@ -230,7 +233,8 @@ class Bench:
                 if "fio" in results:
                     prog.update(task, description=f"{label}: fio")
                     files = _chunk_files(self.tiers[0]["path"], self.shape, self.idx)
-                    secs, nbytes = self.fio.read_files(files, 4 << 20, 4 * self.args.claim_batch,
+                    block = min(4 << 20, self.shape.chunk_bytes)
+                    secs, nbytes = self.fio.read_files(files, block, 4 * self.args.claim_batch,
                                                        self.tiers[0]["path"])
                     if rnd >= 0:
                         results["fio"].step_s.append(secs * D / nbytes)

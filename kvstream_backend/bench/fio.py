@@ -32,4 +32,6 @@ def read_files(files: list[str], block: int, depth: int, workdir: str) -> tuple[
         if out.returncode != 0:
             raise RuntimeError(f"fio failed: {out.stderr.strip()[-500:]}")
     job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]["read"]
-    return job["runtime"] / 1000.0, int(job["io_bytes"])
+    if not job["io_bytes"] or not job["bw_bytes"]:
+        raise RuntimeError(f"fio read nothing from {len(files)} files (block {block} bytes)")
+    return job["io_bytes"] / job["bw_bytes"], int(job["io_bytes"])

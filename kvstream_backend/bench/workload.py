@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,8 +137,13 @@ class StepResult:
     engine_steps: list[StepReport] = field(default_factory=list)
 
 
-def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bool) -> StepResult:
-    """One serving step in LMCache's order; raises if any chunk is missing or wrong."""
+def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bool,
+         after_lookups: Callable[[], None] | None = None) -> StepResult:
+    """One serving step in LMCache's order; raises if any chunk is missing or wrong.
+
+    ``after_lookups`` runs between the lookups and the gets (inside the timed step): the
+    previous step's puts arriving while this step's reads are in flight, as in vLLM.
+    """
     backend = sm.storage_backends[location(sm)]
     engine = getattr(backend, "engine", None)
     n_before = engine.stats().steps if engine is not None else 0
@@ -148,6 +154,8 @@ def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bo
         if hits != len(ks):
             raise RuntimeError(f"lookup hit {hits} of {len(ks)} chunks")
     t_lookup = time.perf_counter() - t0
+    if after_lookups is not None:
+        after_lookups()
     held: list[tuple[int, Any]] = []
     for r, ks in zip(requests, keys, strict=True):
         infos = [(k, j * 256, (j + 1) * 256) for j, k in enumerate(ks)]
