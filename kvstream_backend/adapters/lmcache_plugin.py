@@ -179,10 +179,11 @@ class KVStreamBackend(StoragePluginInterface):
         return self.engine.lookup(key.to_string())
 
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
-        if self._info(key) is None:
+        info = self._info(key)
+        if info is None:
             return False
         if pin:
-            self.pin(key)
+            self.engine.pin(info.digest)
         return True
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
@@ -381,7 +382,8 @@ class KVStreamBackend(StoragePluginInterface):
             return None
         for key, obj in zip(keys, objs, strict=True):
             skey = key.to_string()
-            if any(t.has(key_digest(skey)) for t in self.engine.tiers if t.up):
+            digest = key_digest(skey)
+            if any(t.has(digest) for t in self.engine.tiers if t.up):
                 continue  # already stored (index only: no I/O on the forward thread)
             obj.ref_count_up()
             published = None
