@@ -68,6 +68,7 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     tiers: Annotated[list[TierConfig], Meta(min_length=1)]
     claim_batch: PositiveInt = 4
+    claim_depth: PositiveInt = 2
     hedge: bool = True
     static_split: Fraction | None = None
     read_queue_depth: PositiveInt = 64
@@ -143,10 +144,11 @@ def parse_config(
 def _check_semantics(cfg: KVStreamConfig, check_paths: bool) -> None:
     if cfg.static_split is not None and len(cfg.tiers) != 2:
         raise ConfigError("kvstream.static_split: a static split needs exactly two tiers")
-    if cfg.claim_batch > cfg.read_queue_depth:
+    if cfg.claim_batch * cfg.claim_depth > cfg.read_queue_depth:
         raise ConfigError(
-            f"kvstream.claim_batch: {cfg.claim_batch} exceeds kvstream.read_queue_depth "
-            f"({cfg.read_queue_depth}); a claim must fit in the read queue"
+            f"kvstream.claim_batch: {cfg.claim_batch} x kvstream.claim_depth "
+            f"{cfg.claim_depth} exceeds kvstream.read_queue_depth ({cfg.read_queue_depth}); "
+            "the claims a tier keeps in flight must fit in its read queue"
         )
     names: set[str] = set()
     roots: list[tuple[int, str]] = []

@@ -56,6 +56,7 @@ class TierInfo(msgspec.Struct):
     evicted: int
     capacity_skips: int
     errors: dict[str, int]
+    inline_issue: str = ""  # what the io_uring inline-issue probe measured at start
 
 
 class EngineStats(msgspec.Struct):
@@ -68,3 +69,7 @@ class EngineStats(msgspec.Struct):
     writes_failed: int
     write_overlap_bytes: int
     hedged_bytes: int
+    prefetch_hits: int = 0  # demanded chunks whose lookup-time read had already landed
+    prefetch_dropped: int = 0  # prefetches given up before a get (released, expired)
+    prefetch_expired: int = 0
+    prefetch_held_bytes: int = 0  # prefetch buffers allocated and not demanded yet

@@ -20,6 +20,12 @@ import pytest  # noqa: E402
 
 from kvstream_backend.config import parse_config  # noqa: E402
 from kvstream_backend.engine import Engine  # noqa: E402
+from kvstream_backend.io.probe import binding_usable  # noqa: E402
+
+URING_OK, URING_WHY = binding_usable()
+# The liburing wheel is built with AVX-512 and dies with SIGILL on CPUs without it (the probe
+# tries it in a child process); tests that insist on io_uring are then skipped, visibly.
+requires_uring = pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
 
 
 @pytest.fixture

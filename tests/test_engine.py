@@ -14,7 +14,7 @@ import pytest
 from kvstream_backend import format as fmt
 from kvstream_backend.io.memory import AlignedBuffer
 
-from .conftest import engine_config
+from .conftest import engine_config, requires_uring
 from .helpers import check_all, payload, read_all, write_all
 
 KB = 1024
@@ -33,7 +33,8 @@ def _eventually(pred, timeout: float = 10.0) -> bool:
     return pred()
 
 
-@pytest.mark.parametrize("io,direct", [("uring", "on"), ("threads", "off"), ("threads", "on")])
+@pytest.mark.parametrize("io,direct", [pytest.param("uring", "on", marks=requires_uring),
+                                       ("threads", "off"), ("threads", "on")])
 def test_thousands_of_chunks_round_trip_on_every_tier(tier_dirs, make_engine, io, direct):
     opts = [{"io": io, "direct": direct}] * 2
     e = make_engine(tier_dirs, tier_opts=opts)
@@ -249,7 +250,7 @@ def test_capacity_and_lru(tier_dirs, make_engine):
     write_all(e, [f"c{i}" for i in range(10)], size)
     assert len(t) == 10
     check_all(e, ["c0"], size)  # touch c0: now most recently used
-    e.pin(fmt.key_digest("c1"))
+    e.pin("c1")
     for i in range(10, 40):
         write_all(e, [f"c{i}"], size)
         assert t.used <= t.capacity + fsize
@@ -258,7 +259,7 @@ def test_capacity_and_lru(tier_dirs, make_engine):
     assert {"c0", "c1"} <= present or "c1" in present  # the pinned chunk survives
     assert "c1" in present
     assert present - {"c0", "c1"} <= {f"c{i}" for i in range(30, 40)}  # LRU order
-    assert e.unpin(fmt.key_digest("c1"))
+    assert e.unpin("c1")
 
 
 def test_chunk_being_read_is_not_evicted(tier_dirs, make_engine):

@@ -162,6 +162,15 @@ def test_lookups_of_a_step_are_pooled_and_read_once(tmp_path, tier_dirs, sms):
     assert H.active_allocations(sm) == 0
 
 
+def _eventually(pred, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
 def test_prefetch_is_bounded_and_released_on_unpin(tmp_path, tier_dirs, sms):
     chunk_mb = H.chunk_tensor(0).numel() * 2 / 2**20
     sm = sms(H.write_yaml(tmp_path / "c.yaml", tier_dirs, prefetch_max_gb=3 * chunk_mb / 1024))
@@ -170,22 +179,33 @@ def test_prefetch_is_bounded_and_released_on_unpin(tmp_path, tier_dirs, sms):
     assert kv.engine.flush(30)
     keys = [H.key(i) for i in range(8)]
     assert kv.batched_contains(keys, pin=True) == 8
-    assert H.active_allocations(sm) == 3  # only three chunks' worth prefetched
+    # every hit is registered; buffers are allocated as tiers claim them, up to the bound
+    assert _eventually(lambda: kv.engine.stats().prefetch_held_bytes == 3 * kv.engine.lookup(
+        keys[0].to_string()).payload_len)
+    assert kv.engine.wait_idle(10)
+    time.sleep(0.2)  # nothing more is allocated while the bound is reached
+    assert H.active_allocations(sm) == 3
     for k in keys:
         kv.unpin(k)
     assert kv.engine.wait_idle(10)
-    assert H.active_allocations(sm) == 0
+    assert _eventually(lambda: H.active_allocations(sm) == 0)
+    assert kv.engine.stats().prefetch_dropped == 8
 
 
 def test_prefetch_expires(tmp_path, tier_dirs, sms):
-    sm = sms(H.write_yaml(tmp_path / "c.yaml", tier_dirs, prefetch_timeout_s=0.2))
+    sm = sms(H.write_yaml(tmp_path / "c.yaml", tier_dirs, prefetch_timeout_s=0.5))
     kv = sm.storage_backends["kvstream"]
     H.put_chunks(sm, [0, 1])
     assert kv.engine.flush(30)
     kv.batched_contains([H.key(0), H.key(1)], pin=True)
+    # prefetches are never hedged (only demanded chunks are): one buffer per chunk
+    assert _eventually(lambda: kv.engine.stats().prefetch_held_bytes > 0)
+    assert kv.engine.wait_idle(10)
     assert H.active_allocations(sm) == 2
-    time.sleep(0.5)
-    assert all(_get(sm, [1]))  # a later get sweeps expired prefetches and reads afresh
+    # the engine drops expired prefetches by itself: no later call is needed to free them
+    assert _eventually(lambda: H.active_allocations(sm) == 0, timeout=5)
+    assert kv.engine.stats().prefetch_expired == 2
+    assert all(_get(sm, [1]))  # a later get reads afresh
     assert kv.engine.wait_idle(10)
     assert H.active_allocations(sm) == 0
 

@@ -164,3 +164,74 @@ def test_static_split_assigns_by_position(g: float) -> None:
                 assert r.complete(t, i)
     assert len(taken[0]) == round(100 * g) and len(taken[0]) + len(taken[1]) == 100
     assert r.hedged == [0, 0]
+
+
+def test_a_lookup_arriving_mid_step_does_not_take_tier_1_away() -> None:
+    """Request A (chunks 0-11) is being retrieved; B's lookup (12-23) arrives mid-step. Tier 1
+    must go on with A's chunks from the back, not jump to B's (the v0.1 behaviour)."""
+    r = ClaimRouter(2, 4)
+    a = [r.add({0, 1}) for _ in range(12)]
+    assert r.claim(0) == a[0:4]
+    assert r.claim(1) == a[11:7:-1]
+    b = [r.add({0, 1}, demand=False) for _ in range(12)]  # B's lookup: prefetch
+    for i in a[11:7:-1]:
+        assert r.complete(1, i)
+    assert r.claim(1) == a[7:3:-1], "tier 1 must stay on the demanded step"
+    for i in a[0:4]:
+        assert r.complete(0, i)
+    assert r.claim(0) == a[7:3:-1]  # A's tail: hedges serve the demanded step first
+    for i in a[7:3:-1]:
+        assert r.complete(1, i)
+        assert not r.complete(0, i)  # the hedge lost
+    assert r.step_done()
+    assert r.claim(0) == b[0:4]  # only now does a tier read B, oldest first
+
+
+def test_claim_again_on_completion_keeps_a_window_in_flight() -> None:
+    m, depth = 4, 2
+    r = ClaimRouter(2, m, depth=depth)
+    ids = [r.add({0, 1}) for _ in range(40)]
+    assert r.claim(0) == ids[0:4] and r.claim(0) == ids[4:8]
+    assert r.claim(0) == []  # a window of m * depth in flight
+    assert r.complete(0, ids[0])
+    assert r.claim(0) == []  # still more than (depth - 1) * m in flight
+    for i in ids[1:4]:
+        assert r.complete(0, i)
+    assert r.outstanding(0) == m and r.claim(0) == ids[8:12]
+    assert r.outstanding(0) == m * depth
+
+
+def test_prefetch_waits_for_demand_and_promotion_joins_the_pool() -> None:
+    r = ClaimRouter(2, 2, hedge=False)
+    p = [r.add({0, 1}, demand=False) for _ in range(4)]
+    d = [r.add({0, 1}) for _ in range(2)]
+    assert r.claim(0, prefetch=True) == d  # demanded first, though added later
+    assert r.claim(1, prefetch=False) == []
+    r.promote(p[3])
+    assert r.claim(1, prefetch=False) == [p[3]]  # the promoted prefetch is demanded work
+    assert r.cancel(p[0])  # never claimed: nothing read
+    for i in d:
+        assert r.complete(0, i)
+    assert r.claim(0) == [p[1], p[2]]  # the oldest remaining prefetches
+    assert r.complete(1, p[3])
+    assert r.step_done()
+
+
+def test_router_state_stays_bounded_under_endless_lookups_and_steps() -> None:
+    rng = random.Random(3)
+    r = ClaimRouter(2, 4, depth=2)
+    live: list[int] = []
+    for _ in range(2000):
+        live += [r.add({0, 1}, demand=False) for _ in range(8)]  # next requests' lookups
+        step = [r.add({0, 1}) for _ in range(8)]  # this step's gets
+        for _ in range(4):  # some lookups are promoted, some released
+            r.promote(live.pop(0)) if rng.random() < 0.5 else r.cancel(live.pop(0))
+        while not r.step_done():
+            inflight = [(t, i) for t in (0, 1) for i in r.claim(t, prefetch=False)]
+            for t, i in inflight:
+                r.complete(t, i)
+        r.end_step()
+        while len(live) > 64:  # lookups that never turn into gets expire
+            r.cancel(live.pop(0))
+        assert len(step) == 8
+    assert len(r) <= 64 + 8 * 3, len(r)

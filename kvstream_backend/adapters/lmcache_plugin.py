@@ -8,12 +8,15 @@ storage_plugin.kvstream.class_name: KVStreamBackend, kvstream.tiers: [...]}``.
 How LMCache's calls map onto the engine:
 
 * lookup (``batched_contains(keys, pin=True)`` / ``batched_async_contains``) counts the prefix
-  hit, pins it, and *starts pooled reads* of the hits into MemoryObjs allocated from
-  ``local_cpu_backend`` (bounded by ``kvstream.prefetch_max_gb``; unclaimed reads are dropped
-  on ``unpin`` or after ``kvstream.prefetch_timeout_s``);
-* ``batched_get_blocking`` / ``batched_get_non_blocking`` claim those reads (or add the missing
-  ones to the pool) and wait; results follow LMCache's prefix convention: everything after the
-  first miss is released and returned as ``None`` (blocking) or left out (non-blocking);
+  hit, pins it, and registers the hits as *prefetches*: the engine reads them into MemoryObjs
+  from ``local_cpu_backend`` whenever no tier has demanded work, allocating each buffer when a
+  tier claims it (at most ``kvstream.prefetch_max_gb`` of prefetch buffers not yet demanded).
+  A prefetch is dropped, unread if no tier had claimed it, on ``unpin``, on
+  ``cancel_request`` of its lookup id, or after ``kvstream.prefetch_timeout_s``;
+* ``batched_get_blocking`` / ``batched_get_non_blocking`` *demand* those prefetches (they join
+  the step's pool at once, ahead of every prefetch) or add the missing chunks to the pool, and
+  wait; results follow LMCache's prefix convention: everything after the first miss is
+  released and returned as ``None`` (blocking) or left out (non-blocking);
 * ``batched_submit_put_task`` takes a reference on each object and stages it for the deferred,
   replicated writer; it returns at once (it runs on the forward thread). The reference is
   dropped when every tier's copy is finished; ``on_complete_callback`` fires when the first copy
@@ -23,6 +26,7 @@ How LMCache's calls map onto the engine:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
@@ -39,7 +43,6 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from ..config import ConfigError, parse_config
 from ..engine import ChunkInfo, Engine, ReadHandle
-from ..format import key_digest
 
 log = init_logger("kvstream")
 
@@ -131,15 +134,6 @@ class _ObjBuffer:
         self.obj.ref_count_down()
 
 
-class _Prefetch:
-    __slots__ = ("handle", "deadline", "nbytes")
-
-    def __init__(self, handle: ReadHandle, deadline: float, nbytes: int) -> None:
-        self.handle = handle
-        self.deadline = deadline
-        self.nbytes = nbytes
-
-
 class KVStreamBackend(StoragePluginInterface):
     def __init__(
         self,
@@ -160,9 +154,13 @@ class KVStreamBackend(StoragePluginInterface):
                         "gets and puts are refused")
         self.engine = Engine(self.cfg)
         self._lock = threading.Lock()
-        self._prefetch: dict[CacheEngineKey, _Prefetch] = {}
-        self._prefetch_bytes = 0
-        self._prefetch_max = int(self.cfg.prefetch_max_gb * (1 << 30))
+        self._prefetch: dict[CacheEngineKey, ReadHandle] = {}
+        self._prefetch_bytes = 0  # payload bytes of registered prefetches
+        # Registering a prefetch costs no memory (its buffer comes when a tier claims it), so
+        # far more can wait than prefetch_max_gb holds; this bounds the bookkeeping.
+        self._prefetch_cap = int(4 * self.cfg.prefetch_max_gb * (1 << 30))
+        self._by_lookup: collections.OrderedDict[str, list[CacheEngineKey]] = (
+            collections.OrderedDict())
         if self.cfg.metrics_port:
             from ..metrics import serve
 
@@ -183,7 +181,7 @@ class KVStreamBackend(StoragePluginInterface):
         if info is None:
             return False
         if pin:
-            self.engine.pin(info.digest)
+            self.engine.pin(key.to_string())
         return True
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
@@ -194,8 +192,8 @@ class KVStreamBackend(StoragePluginInterface):
                 break
             hits.append((key, info))
         if pin and hits:
-            for _, info in hits:
-                self.engine.pin(info.digest)
+            for key, _ in hits:
+                self.engine.pin(key.to_string())
             self._start_prefetch(hits)
         return len(hits)
 
@@ -204,28 +202,41 @@ class KVStreamBackend(StoragePluginInterface):
     ) -> int:
         # Header reads of chunks published by other processes are file I/O: keep them off the
         # StorageManager's event loop.
-        return await asyncio.get_running_loop().run_in_executor(
+        n = await asyncio.get_running_loop().run_in_executor(
             None, self.batched_contains, keys, pin
         )
+        if pin and n:
+            with self._lock:
+                self._by_lookup[lookup_id] = keys[:n]
+                while len(self._by_lookup) > 4096:  # ids LMCache never cancelled nor got
+                    self._by_lookup.popitem(last=False)
+        return n
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
         return self.engine.writing(key.to_string())
 
     # ---- pins -----------------------------------------------------------------------------
     def pin(self, key: CacheEngineKey) -> bool:
-        info = self._info(key)
-        if info is None:
+        if self._info(key) is None:
             return False
-        self.engine.pin(info.digest)
+        self.engine.pin(key.to_string())
         return True
 
     def unpin(self, key: CacheEngineKey) -> bool:
         self._drop_prefetch(key)
-        return self.engine.unpin(key_digest(key.to_string()))
+        return self.engine.unpin(key.to_string())
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
         self._drop_prefetch(key)
         return self.engine.remove(key.to_string())
+
+    def cancel_request(self, req_id: str) -> None:
+        """Drop the prefetches of an aborted request's lookup (async loading registers them
+        under its lookup id; in sync mode LMCache unpins, which drops them too)."""
+        with self._lock:
+            keys = self._by_lookup.pop(req_id, [])
+        for k in keys:
+            self._drop_prefetch(k)
 
     def touch_cache(self) -> None:
         """Recency is updated by the reads themselves."""
@@ -244,77 +255,66 @@ class KVStreamBackend(StoragePluginInterface):
 
         return alloc
 
-    def _admit(
-        self, pairs: Sequence[tuple[CacheEngineKey, ChunkInfo]], budget: int | None
-    ) -> list[tuple[CacheEngineKey, ReadHandle, int]]:
-        """Allocate buffers and admit reads in order; stop at the first chunk that can't be.
-
-        ``budget`` bounds the bytes admitted (prefetch); None admits as memory allows.
-        """
-        reqs, admitted = [], []
-        for key, info in pairs:
-            if budget is not None and info.payload_len > budget:
-                break
-            alloc = self._allocator(info)
-            buf = alloc(info.payload_len) if alloc is not None else None
-            if buf is None:
-                break
-            if budget is not None:
-                budget -= info.payload_len
-            reqs.append((key.to_string(), info, buf, alloc))
-            admitted.append(key)
-        handles = self.engine.read(reqs)
-        return [(k, h, h.info.payload_len) for k, h in zip(admitted, handles, strict=True)]
-
     def _start_prefetch(self, hits: list[tuple[CacheEngineKey, ChunkInfo]]) -> None:
+        """Register lookup hits as prefetches (no memory is allocated here)."""
         if self.local_cpu_backend is None:
             return
-        self._expire_prefetches()
+        self._forget_stale()
+        reqs, keys = [], []
         with self._lock:
-            todo = [(k, i) for k, i in hits if k not in self._prefetch]
-            budget = self._prefetch_max - self._prefetch_bytes
-            if not todo or budget <= 0:
-                return
-            deadline = time.monotonic() + self.cfg.prefetch_timeout_s
-            for key, handle, n in self._admit(todo, budget):
-                self._prefetch[key] = _Prefetch(handle, deadline, n)
-                self._prefetch_bytes += n
+            for key, info in hits:
+                if key in self._prefetch:
+                    continue
+                alloc = self._allocator(info)
+                if alloc is None or self._prefetch_bytes + info.payload_len > self._prefetch_cap:
+                    break
+                self._prefetch_bytes += info.payload_len
+                reqs.append((key.to_string(), info, None, alloc))
+                keys.append(key)
+            for key, h in zip(keys, self.engine.read(reqs, prefetch=True), strict=True):
+                self._prefetch[key] = h
 
     def _take_prefetch(self, key: CacheEngineKey) -> ReadHandle | None:
         with self._lock:
-            p = self._prefetch.pop(key, None)
-            if p is None:
-                return None
-            self._prefetch_bytes -= p.nbytes
-            return p.handle
+            h = self._prefetch.pop(key, None)
+            if h is not None:
+                self._prefetch_bytes -= h.info.payload_len
+        return h
 
     def _drop_prefetch(self, key: CacheEngineKey) -> None:
         h = self._take_prefetch(key)
         if h is not None:
             h.discard()
 
-    def _expire_prefetches(self) -> None:
+    def _forget_stale(self) -> None:
+        """Forget prefetches the engine dropped (expired) so their keys can register again."""
         now = time.monotonic()
         with self._lock:
-            stale = [k for k, p in self._prefetch.items() if p.deadline < now]
+            stale = [k for k, h in self._prefetch.items() if h.abandoned or h.deadline < now]
         for k in stale:
             self._drop_prefetch(k)
 
     def _handles_for(self, keys: Sequence[CacheEngineKey]) -> list[ReadHandle | None]:
-        """A handle per key: a prefetch in flight, or a new read added to the pool."""
-        self._expire_prefetches()
+        """A demanded handle per key: a prefetch promoted, or a new read added to the pool."""
         handles: list[ReadHandle | None] = [self._take_prefetch(k) for k in keys]
+        self.engine.demand([h for h in handles if h is not None])
         missing = []
         for i, (k, h) in enumerate(zip(keys, handles, strict=True)):
-            if h is None:
+            if h is None or h.abandoned:
+                handles[i] = None
                 info = self._info(k)
                 if info is None:
                     break
                 missing.append((i, k, info))
-        if missing:
-            new = self._admit([(k, info) for _, k, info in missing], None)
-            for (i, _, _), (_, h, _) in zip(missing, new, strict=False):
-                handles[i] = h
+        reqs = []
+        for _, k, info in missing:
+            alloc = self._allocator(info)
+            buf = alloc(info.payload_len) if alloc is not None else None
+            if buf is None:
+                break
+            reqs.append((k.to_string(), info, buf, alloc))
+        for (i, _, _), h in zip(missing, self.engine.read(reqs), strict=False):
+            handles[i] = h
         return handles
 
     @staticmethod
@@ -382,8 +382,7 @@ class KVStreamBackend(StoragePluginInterface):
             return None
         for key, obj in zip(keys, objs, strict=True):
             skey = key.to_string()
-            digest = key_digest(skey)
-            if any(t.has(digest) for t in self.engine.tiers if t.up):
+            if self.engine.holds(skey):
                 continue  # already stored (index only: no I/O on the forward thread)
             obj.ref_count_up()
             published = None

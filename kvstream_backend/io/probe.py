@@ -3,12 +3,22 @@
 The probe does a real round trip (write then read back one aligned block through the candidate
 queue) in the directory itself, so a file system that accepts ``O_DIRECT`` at open but fails it
 at I/O time, or a sandbox without io_uring, is detected before the first chunk.
+
+Before the ``liburing`` binding is used in-process at all, :func:`binding_usable` tries it in a
+child process: the 2026.3.x wheels are built with AVX-512 (``vmovups %zmm0`` in
+``Ring.__new__``) and die with SIGILL on CPUs without it, which no ``except`` can catch.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,14 +36,91 @@ class IoPath:
     kind: Literal["uring", "threads"]
     direct: bool
     reason: str
+    inline_issue: str = ""  # what the inline-issue probe measured (io_uring only)
+
+
+_BINDING_CHECK = (
+    "import liburing as L\n"
+    "r = L.Ring()\n"
+    "L.io_uring_queue_init(2, r)\n"
+    "L.io_uring_queue_exit(r)\n"
+)
+
+
+@functools.cache
+def binding_usable() -> tuple[bool, str]:
+    """Whether the ``liburing`` binding can set up a ring here, tried in a child process."""
+    try:
+        p = subprocess.run([sys.executable, "-I", "-c", _BINDING_CHECK], capture_output=True,
+                           timeout=60, text=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"liburing check could not run: {e}"
+    if p.returncode == 0:
+        return True, ""
+    if p.returncode < 0:
+        sig = signal.Signals(-p.returncode).name
+        hint = " (the wheel needs AVX-512, which this CPU lacks)" if sig == "SIGILL" else ""
+        return False, f"liburing binding killed by {sig}{hint}"
+    last = (p.stderr.strip().splitlines() or ["?"])[-1]
+    return False, f"liburing binding unusable: {last}"
+
+
+QueueFactory = Callable[[str, int, int, Waker, str], IoQueue]
+"""``(kind, depth, threads, waker, name) -> IoQueue``: how the engine builds its queues."""
 
 
 def make_queue(kind: str, depth: int, threads: int, waker: Waker, name: str) -> IoQueue:
+    """The real queue of ``kind`` (the engine's default queue factory)."""
     if kind == "uring":
+        ok, why = binding_usable()
+        if not ok:
+            raise OSError(95, why)
         from .uring import UringQueue  # imported lazily: the binding may be absent or refused
 
         return UringQueue(depth, waker)
     return ThreadQueue(depth, threads, waker, name)
+
+
+def inline_issue(directory: str, direct: bool, mode: int, n: int = 4, size: int = 1 << 20) -> str:
+    """Measure whether ``io_uring_submit`` issues reads inline on this file system.
+
+    Reads ``n`` x ``size`` bytes with one submit and without ``IOSQE_ASYNC``, and reports how
+    much of the total the submit call took (the engine always sets ``IOSQE_ASYNC``).
+    """
+    from .uring import UringQueue
+
+    waker = Waker()
+    queue = UringQueue(n, waker, async_issue=False)
+    buf = AlignedBuffer(n * size)
+    wfd, path = files.create_temp(directory, mode, direct)
+    fds: list[int] = []
+    try:
+        os.pwritev(wfd, [buf.view], 0)
+        for i in range(n):
+            fds.append(files.open_read(path, direct))
+            queue.submit(IoOp(fds[-1], [(buf.addr + i * size, size)], i * size, False, None))
+        t0 = time.perf_counter()
+        queue.flush()
+        t_submit = time.perf_counter() - t0
+        done = 0
+        deadline = t0 + PROBE_TIMEOUT_S
+        while done < n and time.perf_counter() < deadline:
+            done += len(queue.reap())
+            if done < n:
+                select.select([waker.fd], [], [], 0.01)
+                waker.clear()
+        total = time.perf_counter() - t0
+    finally:
+        for fd in (wfd, *fds):
+            os.close(fd)
+        files.unlink_quiet(path)
+        queue.close()
+        waker.close()
+        buf.release()
+    blocks = t_submit > 0.5 * total
+    return (f"inline issue {'BLOCKS' if blocks else 'does not block'}: submit took "
+            f"{t_submit * 1e3:.1f} of {total * 1e3:.1f} ms for {n} x {size >> 20} MiB "
+            "without IOSQE_ASYNC (kvstream sets it)")
 
 
 def _round_trip(directory: str, kind: str, direct: bool, mode: int) -> None:
@@ -92,5 +179,11 @@ def probe(directory: str, io_mode: str, direct_mode: str, mode: int) -> IoPath:
                 failures.append(f"{kind}{'+direct' if direct else ''}: {e}")
                 continue
             why = "; ".join(failures) if failures else "first choice"
-            return IoPath(kind, direct, why)  # type: ignore[arg-type]
+            inline = "n/a: a thread pool issues each op on its own worker thread"
+            if kind == "uring":
+                try:
+                    inline = inline_issue(directory, direct, mode)
+                except Exception as e:  # noqa: BLE001 - the probe is informational
+                    inline = f"inline-issue probe failed: {e}"
+            return IoPath(kind, direct, why, inline)  # type: ignore[arg-type]
     raise OSError(5, f"no working I/O path in {directory}: {'; '.join(failures)}")

@@ -1,7 +1,13 @@
 """io_uring queue (the ``liburing`` package): one ring per tier and direction.
 
 Reads land directly in the caller's buffers; short transfers are resubmitted for the rest.
-The ring's eventfd is the shared :class:`Waker`, so one poll covers every ring.
+The ring's eventfd is the tier's :class:`Waker`, so one poll covers both of a tier's rings.
+
+Every SQE carries ``IOSQE_ASYNC``: without it the kernel first tries to issue an O_DIRECT read
+inline, in ``io_uring_submit``, and on ext4 or FUSE that inline attempt does the whole transfer
+(measured: 41-46 of 64-88 ms on ext4, 111 of 123 ms on GlusterFS for 4 x 16 MiB), so the
+submitting thread stalls and a tier's reads run one after another. With the flag, submit
+returns in microseconds and io-wq workers issue the reads in parallel; the total is the same.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ from .ops import IoOp, Waker
 class UringQueue:
     kind = "uring"
 
-    def __init__(self, depth: int, waker: Waker) -> None:
+    def __init__(self, depth: int, waker: Waker, async_issue: bool = True) -> None:
         self._ring = L.Ring()
         L.io_uring_queue_init(max(2, depth), self._ring)
         L.io_uring_register_eventfd(self._ring, waker.fd)
         self._cqe = L.Cqe()
         self._depth = depth
+        self._flags = L.IOSQE_ASYNC if async_issue else 0
         self._ops: dict[int, tuple[IoOp, object]] = {}  # user_data -> (op, Iovec kept alive)
         self._next_id = 1
         self._backlog: list[IoOp] = []  # resubmissions that found no free SQE
@@ -45,6 +52,8 @@ class UringQueue:
             L.io_uring_prep_writev(sqe, op.fd, iov, offset)
         else:
             L.io_uring_prep_readv(sqe, op.fd, iov, offset)
+        if self._flags:
+            L.io_uring_sqe_set_flags(sqe, self._flags)
         uid = self._next_id
         self._next_id += 1
         sqe.user_data = uid

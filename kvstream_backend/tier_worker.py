@@ -1,0 +1,286 @@
+"""One thread per tier: the only thread that touches that tier's file system during I/O.
+
+Everything that can block on a file system runs here: ``open``, ring submission, ``close``
+and ``fadvise``, the capacity evictions' ``unlink``, temp-file creation, the publishing
+``link``/``unlink``, quarantine ``rename``, and the payload checksum of what was read. A slow or
+sick tier (a PFS metadata server, a FUSE mount that issues reads inline, a dead mount) therefore
+stalls only its own reads and writes: the completion loop and the other tiers go on.
+
+Protocol: the engine's completion loop is the only caller of :meth:`TierWorker.read` and
+:meth:`TierWorker.write`, which queue a job and return at once. Every job comes back exactly
+once through the ``deliver`` callback given at construction (called on this thread; it must
+only hand off), with ``errno``/``reason``/``moved`` set. :meth:`close` finishes what was queued
+and stops the thread. Emulated bandwidth (``emulate``) is applied here, by holding a finished
+job back until the emulated device would have finished it.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import heapq
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable
+
+from . import format as fmt
+from .config import KVStreamConfig
+from .emulate import Throttle
+from .handles import Buffer, ReadHandle, payload_view
+from .io import files
+from .io.ops import IoOp, IoQueue, Waker
+from .tier import Tier
+
+log = logging.getLogger("kvstream")
+
+
+class ReadJob:
+    """One read of one chunk copy from one tier (a primary read or a hedge)."""
+
+    __slots__ = ("tier", "rid", "handle", "buf", "primary", "hdr", "errno", "reason", "moved",
+                 "t_start")
+
+    def __init__(self, tier: int, rid: int, handle: ReadHandle, buf: Buffer, primary: bool,
+                 hdr: tuple[int, memoryview], t_start: float) -> None:
+        self.tier = tier
+        self.rid = rid
+        self.handle = handle
+        self.buf = buf
+        self.primary = primary  # ``buf`` is the handle's own buffer (else a hedge's)
+        self.hdr = hdr  # a header slot owned by the loop's slab pool
+        self.errno = 0
+        self.reason = ""  # a corruption tag ("bad-payload-checksum", ...) if the copy is bad
+        self.moved = 0
+        self.t_start = t_start
+
+    @property
+    def ok(self) -> bool:
+        return not self.errno and not self.reason
+
+
+class WriteJob:
+    """One tier's copy of one staged chunk: reserve, write a temp file, publish it."""
+
+    __slots__ = ("tier", "chunk", "digest", "hdr_addr", "buf_addr", "n", "size", "header",
+                 "errno", "reason", "moved", "published")
+
+    def __init__(self, tier: int, chunk: object, digest: bytes, hdr_addr: int, buf_addr: int,
+                 n: int, header: fmt.Header) -> None:
+        self.tier = tier
+        self.chunk = chunk  # the writer's per-chunk record
+        self.digest = digest
+        self.hdr_addr = hdr_addr
+        self.buf_addr = buf_addr
+        self.n = n  # payload bytes written (padded when the buffer allows)
+        self.size = fmt.file_size(header.payload_len)
+        self.header = header
+        self.errno = 0
+        self.reason = ""  # "capacity" when the tier could not make room
+        self.moved = 0
+        self.published = False  # this call published the file (False: another writer won)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errno and not self.reason
+
+
+Job = ReadJob | WriteJob
+
+
+class TierWorker:
+    """The thread of one tier (see the module doc)."""
+
+    def __init__(self, index: int, tier: Tier, direct: bool, cfg: KVStreamConfig,
+                 make_queues: Callable[[Waker], tuple[IoQueue, IoQueue]],
+                 deliver: Callable[[Job], None], evictable: Callable[[bytes], bool]) -> None:
+        self.index = index
+        self.tier = tier
+        self.direct = direct
+        self._cfg = cfg
+        self._deliver = deliver
+        self._evictable = evictable
+        self.waker = Waker()
+        try:
+            self.rq, self.wq = make_queues(self.waker)
+        except BaseException:
+            self.waker.close()
+            raise
+        em = tier.cfg.emulate
+        self._rthrottle = Throttle(em.read_mbps, em, 2 * index) if em and em.read_mbps else None
+        self._wthrottle = Throttle(em.write_mbps, em, 2 * index + 1) if em and em.write_mbps \
+            else None
+        self._inbox: collections.deque[Job] = collections.deque()
+        self._backlog: collections.deque[IoOp] = collections.deque()  # queue was at its depth
+        self._held: list[tuple[float, int, IoOp]] = []  # emulation: (release time, seq, op)
+        self._seq = 0
+        self._active = 0  # jobs accepted and not delivered
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"kvstream-tier-{tier.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- the loop thread's side ------------------------------------------------------------
+    def read(self, job: ReadJob) -> None:
+        self._post(job)
+
+    def write(self, job: WriteJob) -> None:
+        self._post(job)
+
+    def _post(self, job: Job) -> None:
+        self._inbox.append(job)
+        self.waker.wake()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish queued and in-flight jobs (bounded by ``timeout``), then stop the thread."""
+        self._stopping = True
+        self.waker.wake()
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.rq.close()
+            self.wq.close()
+            self.waker.close()
+
+    # ---- this tier's thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.waker.fd, select.POLLIN)
+        while not (self._stopping and not self._active and not self._inbox):
+            timeout = -1
+            if self._held:
+                timeout = max(0, int((self._held[0][0] - time.monotonic()) * 1000) + 1)
+            if self._stopping:
+                timeout = 50 if timeout < 0 else min(timeout, 50)
+            if not self._inbox:
+                poller.poll(timeout)
+            self.waker.clear()
+            try:
+                self._iterate()
+            except Exception:  # noqa: BLE001 - never lose the thread; jobs time out upstream
+                log.exception("kvstream: tier %s worker error", self.tier.name)
+
+    def _iterate(self) -> None:
+        while self._inbox:
+            job = self._inbox.popleft()
+            self._active += 1
+            if isinstance(job, ReadJob):
+                self._start_read(job)
+            else:
+                self._start_write(job)
+        for op in self.rq.reap():
+            self._reaped(op, self._rthrottle)
+        for op in self.wq.reap():
+            self._reaped(op, self._wthrottle)
+        now = time.monotonic()
+        while self._held and self._held[0][0] <= now:
+            self._finish(heapq.heappop(self._held)[2])
+        while self._backlog:
+            op = self._backlog[0]
+            if not (self.wq if op.write else self.rq).submit(op):
+                break
+            self._backlog.popleft()
+        self.rq.flush()
+        self.wq.flush()
+
+    def _submit(self, op: IoOp) -> None:
+        op.t_submit = time.monotonic()
+        if self._backlog or not (self.wq if op.write else self.rq).submit(op):
+            self._backlog.append(op)
+
+    def _done(self, job: Job) -> None:
+        self._active -= 1
+        self._deliver(job)
+
+    # reads
+    def _start_read(self, job: ReadJob) -> None:
+        info = job.handle.info
+        need = fmt.padded(info.payload_len) if self.direct else info.payload_len
+        try:
+            fd = files.open_read(self.tier.chunk_path(info.digest), self.direct)
+        except OSError as e:
+            self._read_failed(job, e.errno or errno.EIO)
+            self._done(job)
+            return
+        self._submit(IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), (job.buf.addr, need)], 0, False,
+                          job))
+
+    def _reaped(self, op: IoOp, throttle: Throttle | None) -> None:
+        err = files.close(op.fd, drop_pages=not self.direct)
+        if op.write and err and op.result >= 0:
+            op.result = -err  # the data may not have reached the file system
+        if throttle is not None:
+            now = time.monotonic()
+            when = throttle.release_at(op.t_submit, now, op.done)
+            if when > now:
+                self._seq += 1
+                heapq.heappush(self._held, (when, self._seq, op))
+                return
+        self._finish(op)
+
+    def _finish(self, op: IoOp) -> None:
+        if op.write:
+            self._finish_write(op)
+        else:
+            self._finish_read(op)
+
+    def _finish_read(self, op: IoOp) -> None:
+        job: ReadJob = op.ctx
+        info = job.handle.info
+        job.moved = max(op.result, 0)
+        if op.result < 0:
+            self._read_failed(job, -op.result)
+        else:
+            try:
+                if op.result < fmt.HEADER_SIZE + info.payload_len:
+                    raise fmt.CorruptChunk("truncated", f"{op.result} bytes")
+                header = fmt.decode_header(job.hdr[1], info.digest, self._cfg.max_chunk_bytes)
+                if header.payload_len != info.payload_len:
+                    raise fmt.CorruptChunk("length-mismatch")
+                if self._cfg.verify_checksums:
+                    fmt.verify_payload(header, payload_view(job.buf.addr, info.payload_len))
+            except fmt.CorruptChunk as e:
+                job.reason = e.reason
+                self.tier.quarantine(info.digest, e.reason)
+        self._done(job)
+
+    def _read_failed(self, job: ReadJob, code: int) -> None:
+        job.errno = code
+        digest = job.handle.info.digest
+        if code == errno.ENOENT:
+            self.tier.discard(digest)  # evicted or removed by another process
+        elif code in files.FILE_LEVEL_ERRNOS:
+            self.tier.quarantine(digest, "not-a-file")  # a symlink or directory planted
+
+    # writes
+    def _start_write(self, job: WriteJob) -> None:
+        if not self.tier.reserve(job.size, self._evictable):
+            job.reason = "capacity"
+            self._done(job)
+            return
+        try:
+            fd, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, self.direct)
+        except OSError as e:
+            self.tier.unreserve(job.size)
+            job.errno = e.errno or errno.EIO
+            self._done(job)
+            return
+        op = IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (job.buf_addr, job.n)], 0, True,
+                  (job, tmp))
+        self._submit(op)
+
+    def _finish_write(self, op: IoOp) -> None:
+        job, tmp = op.ctx
+        if op.result == op.length:
+            try:
+                job.published = files.publish(tmp, self.tier.ensure_parent(job.digest))
+                self.tier.commit(job.digest, job.size, job.header)
+                job.moved = op.result
+            except OSError as e:
+                job.errno = e.errno or errno.EIO
+        else:
+            files.unlink_quiet(tmp)
+            job.errno = -op.result if op.result < 0 else errno.ENOSPC
+        if not job.ok:
+            self.tier.unreserve(job.size)
+        self._done(job)

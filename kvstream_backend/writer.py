@@ -1,0 +1,155 @@
+"""The deferred, replicated writer (KVStream M2 + M3).
+
+:meth:`Writer.stage` runs on any thread (LMCache's forward thread) and returns at once; the
+rest runs on the completion loop. Staged chunks are issued to every healthy tier while no
+demanded read is outstanding, or anyway once more than ``staging_budget_mb`` is staged (counted
+as write-during-read overlap). Each tier's copy is one :class:`~kvstream_backend.tier_worker.
+WriteJob` on that tier's worker. ``on_published(key)`` fires when the first copy is visible,
+``on_done()`` when every copy is finished; the chunk's buffer must stay valid until then.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import format as fmt
+from .accounting import StepMeter
+from .config import KVStreamConfig
+from .handles import Buffer, _safe, payload_view
+from .io.memory import SlabPool
+from .tier_runtime import TierRuntime
+from .tier_worker import WriteJob
+
+
+@dataclass
+class StagedChunk:
+    key: str
+    digest: bytes
+    buf: Buffer
+    payload_len: int
+    meta: bytes
+    on_published: Callable[[str], None] | None
+    on_done: Callable[[], None] | None
+    hdr: tuple[int, memoryview] | None = None
+    pending: int = 0
+    published: bool = False
+
+
+class Writer:
+    def __init__(self, cfg: KVStreamConfig, tiers: list[TierRuntime], slab: SlabPool,
+                 steps: StepMeter, tier_down: Callable[[int, str], None]) -> None:
+        self._cfg = cfg
+        self._tiers = tiers
+        self._slab = slab
+        self._steps = steps
+        self._tier_down = tier_down
+        self._lock = threading.Lock()  # guards _writing, _staged_bytes, stopping, counters
+        self._writing: set[bytes] = set()
+        self._staged_bytes = 0
+        self.stopping = False
+        self._staged: collections.deque[StagedChunk] = collections.deque()  # loop only
+        self._inflight = [0] * len(tiers)  # loop only
+        self.staged_total = 0
+        self.published = 0
+        self.failed = 0
+        self.overlap_bytes = 0
+
+    # ---- any thread -----------------------------------------------------------------------
+    def stage(self, key: str, digest: bytes, buf: Buffer, payload_len: int, meta: bytes,
+              on_published: Callable[[str], None] | None,
+              on_done: Callable[[], None] | None) -> StagedChunk | None:
+        """Reserve ``digest`` for writing; None if it is already being written or closing."""
+        with self._lock:
+            if digest in self._writing or self.stopping:
+                return None
+            self._writing.add(digest)
+            self._staged_bytes += payload_len
+            self.staged_total += 1
+        return StagedChunk(key, digest, buf, payload_len, meta, on_published, on_done)
+
+    def writing(self, digest: bytes) -> bool:
+        with self._lock:
+            return digest in self._writing
+
+    def quiet(self) -> bool:
+        with self._lock:
+            return not self._writing
+
+    # ---- the completion loop ------------------------------------------------------------
+    def enqueue(self, chunk: StagedChunk) -> None:
+        self._staged.append(chunk)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._staged) or any(self._inflight)
+
+    def pump(self, reads_busy: bool) -> None:
+        while self._staged:
+            over = self._staged_bytes > self._cfg.staging_budget_bytes
+            if reads_busy and not over:
+                return
+            if any(rt.tier.up and self._inflight[i] >= self._cfg.write_queue_depth
+                   for i, rt in enumerate(self._tiers)):
+                return
+            chunk = self._staged.popleft()
+            with self._lock:
+                self._staged_bytes -= chunk.payload_len
+            if reads_busy:
+                self._steps.overlap += chunk.payload_len
+                self.overlap_bytes += chunk.payload_len
+            self._start(chunk)
+
+    def _start(self, chunk: StagedChunk) -> None:
+        plen = chunk.payload_len
+        xxh = fmt.payload_checksum(payload_view(chunk.buf.addr, plen))
+        chunk.hdr = self._slab.get()
+        header = fmt.Header(plen, xxh, chunk.meta)
+        fmt.encode_header(chunk.hdr[1], chunk.digest, plen, xxh, chunk.meta)
+        padded = fmt.padded(plen)
+        n = padded if chunk.buf.capacity >= padded else plen
+        for ti, rt in enumerate(self._tiers):
+            if not rt.tier.up:
+                continue
+            if n != padded and rt.direct:
+                rt.meter.error("unaligned-buffer")
+                continue
+            rt.worker.write(WriteJob(ti, chunk, chunk.digest, chunk.hdr[0], chunk.buf.addr, n,
+                                     header))
+            chunk.pending += 1
+            self._inflight[ti] += 1
+        if chunk.pending == 0:
+            self.failed += 1
+            self._end(chunk)
+
+    def finished(self, job: WriteJob) -> None:
+        chunk: StagedChunk = job.chunk  # type: ignore[assignment]
+        rt = self._tiers[job.tier]
+        self._inflight[job.tier] -= 1
+        if job.ok:
+            rt.meter.write_bytes += job.moved
+        elif job.errno:
+            rt.meter.error(errno.errorcode.get(job.errno, f"errno{job.errno}"))
+            self._tier_down(job.tier, f"write: {os.strerror(job.errno)}")
+        chunk.pending -= 1
+        if job.ok and not chunk.published:
+            chunk.published = True
+            self.published += 1
+            if chunk.on_published is not None:
+                _safe(chunk.on_published, chunk.key)
+        if chunk.pending == 0:
+            if not chunk.published:
+                self.failed += 1
+            self._end(chunk)
+
+    def _end(self, chunk: StagedChunk) -> None:
+        if chunk.hdr is not None:
+            self._slab.put(chunk.hdr)
+        with self._lock:
+            self._writing.discard(chunk.digest)
+        if chunk.on_done is not None:
+            _safe(chunk.on_done)
