@@ -28,9 +28,9 @@ Call protocol (one driver thread):
    chunks and resets the hedge budgets; the next demanded chunk opens the next step.
 
 Invariants: a tier only reads chunks it holds; no tier has room while an unclaimed demanded
-chunk it holds remains (work conservation); a chunk is delivered at most once; hedges per tier
-per step <= m * depth; a prefetch never delays a demanded chunk's claim; the state held is bounded by
-the chunks of the open step plus the prefetches registered and not yet promoted or cancelled.
+chunk it holds remains (work conservation); a chunk is delivered at most once; hedges per
+tier per step <= m * depth; a prefetch never delays a demanded chunk's claim; the state held
+is bounded by the open step's chunks plus the prefetches not yet promoted or cancelled.
 """
 
 from __future__ import annotations
