@@ -315,3 +315,38 @@ def test_lmcache_engine_store_lookup_retrieve(tmp_path, tier_dirs, mode):
         assert kv.engine.stats().chunks_read >= 4
     finally:
         LMCacheEngineBuilder.destroy(name)
+
+
+def test_retrieve_pass_keeps_reading_ahead_past_an_exhausted_prefetch_budget(tmp_path, tier_dirs):
+    """vLLM's sync path: lookups for every request of the step, then one retrieve per request.
+    The prefetch budget holds only two chunks (half a request), yet every request after the
+    first finds part of its chunks already read: prefetches are registered without memory and
+    read as buffers free up (v0.1 read two chunks ahead once, then request by request)."""
+    chunk = 2 * H.LAYERS * 256 * H.HIDDEN * H.DTYPE.itemsize
+    name = f"kvs-pass-{os.getpid()}-{time.monotonic_ns()}"
+    y = H.write_yaml(tmp_path / "pass.yaml", tier_dirs, prefetch_max_gb=2 * chunk / 2**30)
+    cfg = LMCacheEngineConfig.from_file(str(y))
+    eng = LMCacheEngineBuilder.get_or_create(name, cfg, H.metadata(), H.CPUConnector(),
+                                             lambda t, r: None, lambda o, r: o)
+    eng.post_init(async_lookup_server=H.LookupServerStub())
+    try:
+        reqs = [list(range(10_000 * (r + 1), 10_000 * (r + 1) + 1024)) for r in range(4)]
+        srcs = [torch.randn(2, H.LAYERS, 1024, H.HIDDEN).to(H.DTYPE) for _ in reqs]
+        for tokens, src in zip(reqs, srcs, strict=True):
+            eng.store(tokens, kv=src)
+        kv = eng.storage_manager.storage_backends["kvstream"]
+        assert kv.engine.flush(30)
+        for r, tokens in enumerate(reqs):  # the scheduler's lookups, all before the pass
+            assert eng.lookup(tokens, lookup_id=f"r{r}", pin=True) == 1024
+        for r, (tokens, src) in enumerate(zip(reqs, srcs, strict=True)):
+            out = torch.zeros_like(src)
+            mask = eng.retrieve(tokens, kv=out, req_id=f"r{r}")
+            eng.lookup_unpin(f"r{r}")
+            assert int(mask.sum()) == 1024 and torch.equal(out, src)
+            assert kv.engine.wait_idle(10)  # the scatter to the GPU would take this long
+        st = kv.engine.stats()
+        assert st.prefetch_hits >= 2 * len(reqs), st
+        assert st.chunks_read == 16 and not st.misses
+        assert kv.engine.pinned() == 0 and st.prefetch_held_bytes == 0
+    finally:
+        LMCacheEngineBuilder.destroy(name)

@@ -46,6 +46,8 @@ from ..engine import ChunkInfo, Engine, ReadHandle
 
 log = init_logger("kvstream")
 
+PREFETCH_RECORDS = 1 << 16  # lookup hits waiting for a get (a few hundred bytes each)
+
 
 class ChunkMeta(msgspec.Struct, array_like=True, frozen=True):
     """What LMCache needs to rebuild a MemoryObj: format, dtype(s) and shape(s)."""
@@ -155,10 +157,9 @@ class KVStreamBackend(StoragePluginInterface):
         self.engine = Engine(self.cfg)
         self._lock = threading.Lock()
         self._prefetch: dict[CacheEngineKey, ReadHandle] = {}
-        self._prefetch_bytes = 0  # payload bytes of registered prefetches
-        # Registering a prefetch costs no memory (its buffer comes when a tier claims it), so
+        # Registering a prefetch costs no buffer (it comes when a tier claims the chunk), so
         # far more can wait than prefetch_max_gb holds; this bounds the bookkeeping.
-        self._prefetch_cap = int(4 * self.cfg.prefetch_max_gb * (1 << 30))
+        self._prefetch_cap = PREFETCH_RECORDS
         self._by_lookup: collections.OrderedDict[str, list[CacheEngineKey]] = (
             collections.OrderedDict())
         if self.cfg.metrics_port:
@@ -266,9 +267,8 @@ class KVStreamBackend(StoragePluginInterface):
                 if key in self._prefetch:
                     continue
                 alloc = self._allocator(info)
-                if alloc is None or self._prefetch_bytes + info.payload_len > self._prefetch_cap:
+                if alloc is None or len(self._prefetch) + len(reqs) >= self._prefetch_cap:
                     break
-                self._prefetch_bytes += info.payload_len
                 reqs.append((key.to_string(), info, None, alloc))
                 keys.append(key)
             for key, h in zip(keys, self.engine.read(reqs, prefetch=True), strict=True):
@@ -276,10 +276,7 @@ class KVStreamBackend(StoragePluginInterface):
 
     def _take_prefetch(self, key: CacheEngineKey) -> ReadHandle | None:
         with self._lock:
-            h = self._prefetch.pop(key, None)
-            if h is not None:
-                self._prefetch_bytes -= h.info.payload_len
-        return h
+            return self._prefetch.pop(key, None)
 
     def _drop_prefetch(self, key: CacheEngineKey) -> None:
         h = self._take_prefetch(key)
