@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from .argtypes import floats
 from .config import ConfigError, parse_config
 
 err = Console(stderr=True)
@@ -121,14 +122,6 @@ def model_cmd(split: float, bws: list[float], demand_gb: float) -> int:
         "penalty": static / bound, "first_tier_alone_s": demand_gb / bws[0],
     }, indent=2))
     return 0
-
-
-def floats(s: str) -> list[float]:
-    """argparse type: comma-separated numbers."""
-    try:
-        return [float(x) for x in s.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -243,6 +243,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         tiers = []
+        now = self._clock()
         for rt in self._tiers:
             t, m = rt.tier, rt.meter
             tiers.append(TierInfo(
@@ -250,6 +251,7 @@ class Engine:
                 t.down_reason, len(t), t.used, t.capacity, t.cfg.emulate is not None,
                 m.bytes, m.write_bytes, dict(t.counters.quarantined), t.counters.evicted,
                 t.counters.capacity_skips, dict(m.error_kinds), rt.path.inline_issue,
+                m.snapshot(now).busy_s,
             ))
         r, w = self._reads, self._writer
         return EngineStats(

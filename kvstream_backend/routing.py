@@ -17,9 +17,10 @@ Call protocol (one driver thread):
 2. Whenever a read of a tier ends, and when chunks join, the driver calls ``claim(tier,
    prefetch)``: with at most ``depth - 1`` claims' worth of reads still in flight, the tier
    takes up to ``m`` chunks: unclaimed demanded chunks it holds from *its* end of the pool;
-   else, with nothing in flight, hedges (demanded chunks in flight on other tiers: at most one
-   in-flight window, ``m * depth``, per tier per step); else, if ``prefetch`` allows, the
-   oldest unclaimed prefetches it holds.
+   else, if ``prefetch`` allows, the oldest unclaimed prefetches it holds, leaving the last
+   claim slot free for demanded work; else, with nothing in flight, hedges (demanded chunks in
+   flight on other tiers: at most one in-flight window, ``m * depth``, per tier per step).
+   Reading ahead comes before hedging: a duplicate read only pays at the end of known work.
 3. Each read ends in ``complete(tier, i)`` (True for the first copy of chunk ``i``: the winner),
    ``fail(tier, i)`` (the tier loses chunk ``i``; True when no tier can deliver it any more) or
    ``abandon(tier, i)`` (a claim given up before it was issued, e.g. no buffer).
@@ -175,6 +176,11 @@ class ClaimRouter:
     def has_room(self, tier: int) -> bool:
         return self._outstanding[tier] <= (self.depth - 1) * self.m
 
+    def _prefetch_room(self, tier: int) -> bool:
+        """Prefetches never take a tier's last claim slot: a get arriving while they are in
+        flight can start its reads on every tier at once."""
+        return self._outstanding[tier] + self.m <= max(1, self.depth - 1) * self.m
+
     # ---- claiming -------------------------------------------------------------------------
     def _unclaimed_order(self, tier: int) -> Iterable[int]:
         pool, base = self._pool, self._base
@@ -214,6 +220,14 @@ class ClaimRouter:
                     if len(picks) == self.m:
                         break
             self._unclaimed -= len(picks)
+        if not picks and prefetch and self._prefetch and self._prefetch_room(tier):
+            for i in self._prefetch:
+                if tier in self._chunks[i].holders:
+                    picks.append(i)
+                    if len(picks) == self.m:
+                        break
+            for i in picks:
+                del self._prefetch[i]
         if not picks and self.hedge and not self._outstanding[tier] and self._inflight:
             budget = self.m * self.depth - self.hedged[tier]
             order = list(self._inflight) if tier % 2 == 0 else reversed(list(self._inflight))
@@ -224,14 +238,6 @@ class ClaimRouter:
                     if len(picks) == budget:
                         break
             self.hedged[tier] += len(picks)
-        if not picks and prefetch and self._prefetch:
-            for i in self._prefetch:
-                if tier in self._chunks[i].holders:
-                    picks.append(i)
-                    if len(picks) == self.m:
-                        break
-            for i in picks:
-                del self._prefetch[i]
         for i in picks:
             c = self._chunks[i]
             c.state = INFLIGHT

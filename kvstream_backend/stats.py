@@ -57,6 +57,7 @@ class TierInfo(msgspec.Struct):
     capacity_skips: int
     errors: dict[str, int]
     inline_issue: str = ""  # what the io_uring inline-issue probe measured at start
+    read_busy_s: float = 0.0  # time with at least one read in flight, since start
 
 
 class EngineStats(msgspec.Struct):

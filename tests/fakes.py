@@ -39,10 +39,11 @@ class Control:
         self.wakers.append(waker)
         return ControlledQueue(ThreadQueue(depth, threads, waker, name), name, self)
 
-    def reads(self) -> list[IoOp]:
-        """Read ops in the order they were handed to the queues underneath."""
+    def reads(self, tier: str | None = None) -> list[IoOp]:
+        """Read ops (of one tier, or all) in the order they reached the queues underneath."""
         with self._lock:
-            return [op for n, op in self.log if n.endswith("-r")]
+            return [op for n, op in self.log
+                    if n.endswith("-r") and (tier is None or n == f"{tier}-r")]
 
 
 class ControlledQueue:

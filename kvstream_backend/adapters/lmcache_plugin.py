@@ -261,7 +261,8 @@ class KVStreamBackend(StoragePluginInterface):
         if self.local_cpu_backend is None:
             return
         self._forget_stale()
-        reqs, keys = [], []
+        reqs: list[tuple[str, ChunkInfo, None, Callable[[int], _ObjBuffer | None]]] = []
+        keys: list[CacheEngineKey] = []
         with self._lock:
             for key, info in hits:
                 if key in self._prefetch:

@@ -134,19 +134,23 @@ class StepResult:
     time_s: float
     lookup_s: float
     bytes: int
-    engine_steps: list[StepReport] = field(default_factory=list)
+    engine_steps: list[StepReport] = field(default_factory=list)  # demanded pools in the step
+    tiers: list[tuple[str, int, float]] = field(default_factory=list)  # (name, bytes, busy s)
 
 
 def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bool,
-         after_lookups: Callable[[], None] | None = None) -> StepResult:
+         after_lookups: Callable[[], None] | None = None,
+         between_gets: Callable[[int], None] | None = None) -> StepResult:
     """One serving step in LMCache's order; raises if any chunk is missing or wrong.
 
     ``after_lookups`` runs between the lookups and the gets (inside the timed step): the
     previous step's puts arriving while this step's reads are in flight, as in vLLM.
+    ``between_gets(r)`` runs after request ``r``'s get: the next requests' lookups arriving
+    while the step retrieves (vLLM's scheduler looks up while the workers load).
     """
     backend = sm.storage_backends[location(sm)]
     engine = getattr(backend, "engine", None)
-    n_before = engine.stats().steps if engine is not None else 0
+    before = engine.stats() if engine is not None else None
     keys = [[shape.key(i) for i in r] for r in requests]
     t0 = time.perf_counter()
     for ks in keys:
@@ -164,6 +168,8 @@ def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bo
             if any(o is None for o in objs):
                 raise RuntimeError("a looked-up chunk could not be retrieved")
             held.extend(zip(r, objs, strict=True))
+        if between_gets is not None:
+            between_gets(len(held) // len(r) - 1)
     t = time.perf_counter() - t0
     for ks in keys:
         sm.batched_unpin(ks, [location(sm)])
@@ -176,11 +182,16 @@ def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bo
     for _, obj in held:
         obj.ref_count_down()
     reps: list[StepReport] = []
-    if engine is not None:
+    tiers: list[tuple[str, int, float]] = []
+    if engine is not None and before is not None:
         engine.wait_idle(60)
-        new = engine.stats().steps - n_before
+        after = engine.stats()
+        new = after.steps - before.steps
         reps = list(engine.steps)[-new:] if new else []
-    return StepResult(t, t_lookup, sum(len(r) for r in requests) * shape.chunk_bytes, reps)
+        tiers = [(b.name, a.read_bytes - b.read_bytes, a.read_busy_s - b.read_busy_s)
+                 for b, a in zip(before.tiers, after.tiers, strict=True)]
+    return StepResult(t, t_lookup, sum(len(r) for r in requests) * shape.chunk_bytes, reps,
+                      tiers)
 
 
 def uses_page_cache(sm: StorageManager) -> bool:
@@ -198,3 +209,14 @@ def drop_caches() -> bool:
         return True
     except OSError:
         return False
+
+
+def lookups(sm: StorageManager, shape: Shape, idx: list[int]) -> None:
+    """A request's lookup as LMCache's lookup server does it (pins its hits)."""
+    hits, _ = sm.batched_contains([shape.key(i) for i in idx], pin=True)
+    if hits != len(idx):
+        raise RuntimeError(f"lookup hit {hits} of {len(idx)} chunks")
+
+
+def unpin(sm: StorageManager, shape: Shape, idx: list[int]) -> None:
+    sm.batched_unpin([shape.key(i) for i in idx], [location(sm)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..cli import floats as _floats
+from ..argtypes import floats as _floats
 
 
 def add_sim_parser(sub: Any) -> None:
