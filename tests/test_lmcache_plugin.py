@@ -338,6 +338,7 @@ def test_retrieve_pass_keeps_reading_ahead_past_an_exhausted_prefetch_budget(tmp
         assert kv.engine.flush(30)
         for r, tokens in enumerate(reqs):  # the scheduler's lookups, all before the pass
             assert eng.lookup(tokens, lookup_id=f"r{r}", pin=True) == 1024
+        assert kv.engine.wait_idle(10)  # the previous step's forward pass runs meanwhile
         for r, (tokens, src) in enumerate(zip(reqs, srcs, strict=True)):
             out = torch.zeros_like(src)
             mask = eng.retrieve(tokens, kv=out, req_id=f"r{r}")

@@ -140,7 +140,9 @@ class Bench:
         self.cap_gb = (5 * self.D + (self.S + 2) * self.D) / GiB * 1.2
         for t in self.tiers:
             t.setdefault("max_size_gb", self.cap_gb)
-        self.mem_gb = 4 * self.D / GiB + 0.5  # a step, its hedges and a write backlog
+        # LMCache's host memory per StorageManager: a step, the next step's prefetches and a
+        # write backlog (two managers may be open at once: kvstream's and LMCache disk's)
+        self.mem_gb = 3 * self.D / GiB + 0.5
         self._open: dict[str, Any] = {}
 
     def cleanup(self) -> None:
@@ -152,7 +154,8 @@ class Bench:
                 shutil.rmtree(d, ignore_errors=True)
 
     def configs(self) -> list[Config]:
-        kv, m, t = self.W.kvstream_backend, self.args.claim_batch, self.tiers
+        m, t = self.args.claim_batch, self.tiers
+        kv = functools.partial(self.W.kvstream_backend, prefetch_max_gb=self.D / GiB)
         disk_dir = os.path.join(t[0]["path"], "lmcache-disk")
         os.makedirs(disk_dir, exist_ok=True)
         base = [
@@ -249,8 +252,9 @@ class Bench:
                             W.unpin(sm, self.shape, req)
                     if rnd >= 0:
                         _record(results[c.name], r, cpu)
-                    if pending:
+                    if pending:  # replicated, then removed: the tiers do not fill up
                         W.wait_puts(sm, self.shape, pending)
+                        W.remove(sm, self.shape, pending)
                     self._release(c)
                     prog.advance(task)
                 for t in self.tiers:

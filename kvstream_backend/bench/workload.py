@@ -220,3 +220,9 @@ def lookups(sm: StorageManager, shape: Shape, idx: list[int]) -> None:
 
 def unpin(sm: StorageManager, shape: Shape, idx: list[int]) -> None:
     sm.batched_unpin([shape.key(i) for i in idx], [location(sm)])
+
+
+def remove(sm: StorageManager, shape: Shape, idx: list[int]) -> None:
+    backend = sm.storage_backends[location(sm)]
+    for i in idx:
+        backend.remove(shape.key(i))
