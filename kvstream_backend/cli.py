@@ -74,7 +74,9 @@ def check_config(path: str) -> int:
         if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
             return _fail(f"{path}: {key}: {existing} is not a writable directory")
         if existing != os.path.abspath(t.path):
-            kind, direct = "(created at start)", "?"
+            kind, direct = "MISSING", "?"
+            problems.append(f"{key}: {t.path} does not exist: the tier starts DOWN and joins "
+                            "when the directory appears (kvstream never creates a tier root)")
         else:
             tier = Tier(t, file_mode=kcfg.file_mode, dir_mode=kcfg.dir_mode, negative_ms=0)
             try:

@@ -85,6 +85,7 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     prefetch_max_gb: PositiveFloat = 4.0
     prefetch_timeout_s: PositiveFloat = 30.0
     get_timeout_s: PositiveFloat = 60.0
+    close_timeout_s: Annotated[float, Meta(ge=0)] = 20.0
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0
 
     @property

@@ -36,7 +36,7 @@ from .config import KVStreamConfig
 from .handles import Alloc, Buffer, ChunkInfo, ReadHandle, payload_view
 from .io.memory import SlabPool
 from .io.ops import Waker
-from .io.probe import QueueFactory, make_queue
+from .io.probe import IoPath, QueueFactory, make_queue
 from .readpool import ReadPool
 from .stats import EngineStats, StepReport, TierInfo
 from .tier import Tier
@@ -49,6 +49,7 @@ __all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "payload_view
 log = logging.getLogger("kvstream")
 
 Command = Callable[[float], None]
+IO_DRAIN_S = 120.0  # how long close waits for reads and writes already issued
 
 
 class Engine:
@@ -68,7 +69,8 @@ class Engine:
                                              self._evictable))
         except BaseException:
             for rt in self._tiers:
-                rt.worker.close()
+                if rt.worker is not None:
+                    rt.worker.close()
             self._waker.close()
             raise
         self._slab = SlabPool()
@@ -227,19 +229,37 @@ class Engine:
                 self._waker.wake()
                 self._idle.wait(0.05 if left is None else min(left, 0.05))
 
-    def close(self, timeout: float = 120.0) -> None:
-        """Drain staged writes (bounded by ``timeout``) and stop; idempotent."""
+    def close(self, timeout: float | None = None) -> None:
+        """Drain staged writes for up to ``timeout`` (default ``close_timeout_s``), drop the
+        ones not issued by then, wait for every read and write already issued, and stop.
+
+        When it returns, no I/O touches a caller's buffer any more: a chunk is either
+        published whole or not at all (a later miss). Idempotent.
+        """
         if not self._thread.is_alive():
             return
-        self.flush(timeout)
+        timeout = self.cfg.close_timeout_s if timeout is None else timeout
+        if not self.flush(timeout):
+            log.warning("kvstream: closing with staged writes left after %.0f s", timeout)
         with self._writer._lock:
             self._writer.stopping = True
         self._stopping = True
-        self._post(lambda now: None)
-        self._thread.join(timeout)
+        self._post(lambda now: self._drop_staged())
+        self._thread.join(IO_DRAIN_S)
+        if self._thread.is_alive():
+            log.error("kvstream: I/O still in flight %.0f s after close; a tier is hung",
+                      IO_DRAIN_S)
+            return
         for rt in self._tiers:
-            rt.worker.close(timeout)
+            if rt.worker is not None:
+                rt.worker.close(IO_DRAIN_S)
         self._waker.close()
+
+    def _drop_staged(self) -> None:
+        n = self._writer.drop_staged()
+        if n:
+            log.warning("kvstream: dropped %d staged chunks at close (never written; LMCache "
+                        "recomputes them)", n)
 
     def stats(self) -> EngineStats:
         tiers = []
@@ -258,7 +278,7 @@ class Engine:
             tiers, self._steps.closed, r.chunks_read, dict(r.misses), w.staged_total,
             w.published, w.failed, w.overlap_bytes,
             sum(rt.meter.hedged_bytes for rt in self._tiers),
-            r.prefetch_hits, r.prefetch_dropped, r.prefetch_expired, r.held_bytes,
+            r.prefetch_hits, r.prefetch_dropped, r.prefetch_expired, r.held_bytes, w.dropped,
         )
 
     # ------------------------------------------------------------------------------------
@@ -342,15 +362,19 @@ class Engine:
             rt.probing = True
             probe_again(rt, self.cfg, functools.partial(self._probe_done, rt))
 
-    def _probe_done(self, rt: TierRuntime, ok: bool) -> None:
+    def _probe_done(self, rt: TierRuntime, path: IoPath | None) -> None:
         """Called on the probe's thread: hand the outcome to the loop."""
-        self._post(lambda now: self._probed(rt, ok, now))
+        self._post(lambda now: self._probed(rt, path, now))
 
-    def _probed(self, rt: TierRuntime, ok: bool, now: float) -> None:
+    def _probed(self, rt: TierRuntime, path: IoPath | None, now: float) -> None:
         rt.probing = False
-        if not ok:
+        if path is None or self._stopping:
             rt.next_probe = now + self.cfg.reprobe_interval_s
             return
+        if rt.worker is None:
+            log.warning("kvstream tier %s: root appeared; io=%s direct=%s", rt.tier.name,
+                        path.kind, path.direct)
+            rt.start(path)
         rt.tier.mark_up()
         log.warning("kvstream: tier %s is healthy again; re-admitted", rt.tier.name)
         if self.cfg.warm_headers:

@@ -171,7 +171,7 @@ class ReadPool:
         if primary:
             self._primary_busy.add(rid)
         rt.meter.started(now)
-        rt.worker.read(ReadJob(ti, rid, h, buf, primary, self._slab.get(), now))
+        rt.io.read(ReadJob(ti, rid, h, buf, primary, self._slab.get(), now))
         return True
 
     # ---- completions ----------------------------------------------------------------------

@@ -74,3 +74,4 @@ class EngineStats(msgspec.Struct):
     prefetch_dropped: int = 0  # prefetches given up before a get (released, expired)
     prefetch_expired: int = 0
     prefetch_held_bytes: int = 0  # prefetch buffers allocated and not demanded yet
+    writes_dropped: int = 0  # staged chunks given up at close (never written)

@@ -24,13 +24,18 @@ log = logging.getLogger("kvstream")
 
 
 class TierRuntime:
-    def __init__(self, index: int, tier: Tier, path: IoPath, worker: TierWorker) -> None:
+    """A tier and its mechanism. ``worker`` is None while the tier has never been opened (its
+    root was missing at start); :meth:`start` creates it once a probe succeeds."""
+
+    def __init__(self, index: int, tier: Tier, path: IoPath,
+                 make_worker: Callable[[IoPath], TierWorker]) -> None:
         self.index = index
         self.tier = tier
         self.path = path
-        self.worker = worker
+        self.worker: TierWorker | None = None
+        self._make_worker = make_worker
         self.meter = TierMeter(tier.name)
-        self.dev = os.stat(tier.root).st_dev
+        self.dev: int | None = None  # the root's file system, once it was opened
         self.next_probe = 0.0
         self.probing = False
 
@@ -38,48 +43,82 @@ class TierRuntime:
     def direct(self) -> bool:
         return self.path.direct
 
+    @property
+    def io(self) -> TierWorker:
+        """The worker of a tier that is up (an up tier has always been started)."""
+        assert self.worker is not None, f"tier {self.tier.name} was never started"
+        return self.worker
+
+    def start(self, path: IoPath) -> None:
+        """Run the tier on ``path``: remember its file system and start its worker."""
+        self.path = path
+        self.tier.direct = path.direct
+        self.dev = os.stat(self.tier.root).st_dev
+        if self.worker is None:
+            self.worker = self._make_worker(path)
+
 
 def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFactory,
               deliver: Callable[[Job], None], evictable: Callable[[bytes], bool]) -> TierRuntime:
-    """Open a tier's directory, probe its I/O path and start its worker."""
+    """Open a tier's directory, probe its I/O path and start its worker.
+
+    A tier whose root is missing (a file system not mounted yet) starts *down* and is probed
+    again later; its root is never created, so nothing lands on the file system underneath.
+    """
     tier = Tier(tc, file_mode=cfg.file_mode, dir_mode=cfg.dir_mode,
                 negative_ms=cfg.negative_cache_ms)
-    tier.open()
+
+    def make_worker(path: IoPath) -> TierWorker:
+        def make(waker: Waker) -> tuple[IoQueue, IoQueue]:
+            rq = queues(path.kind, cfg.read_queue_depth, cfg.io_threads, waker, f"{tc.name}-r")
+            try:
+                wq = queues(path.kind, cfg.write_queue_depth, cfg.io_threads, waker,
+                            f"{tc.name}-w")
+            except BaseException:
+                rq.close()
+                raise
+            return rq, wq
+
+        return TierWorker(index, tier, path.direct, cfg, make, deliver, evictable)
+
+    try:
+        tier.open()
+    except FileNotFoundError:
+        log.error("kvstream tier %s: root %s is missing; the tier is DOWN until it appears "
+                  "(it is never created)", tc.name, tier.root)
+        rt = TierRuntime(index, tier, IoPath("threads", False, "tier root missing"),
+                         make_worker)
+        tier.mark_down("tier root missing")
+        return rt
     path = probe(tier.tmp_dir, tc.io, tc.direct, cfg.file_mode)
-    tier.direct = path.direct
     log.info("kvstream tier %s (%s): io=%s direct=%s (%s); %s%s", tc.name, tier.root, path.kind,
              path.direct, path.reason, path.inline_issue,
              " EMULATED bandwidth" if tc.emulate else "")
-
-    def make(waker: Waker) -> tuple[IoQueue, IoQueue]:
-        rq = queues(path.kind, cfg.read_queue_depth, cfg.io_threads, waker, f"{tc.name}-r")
-        try:
-            wq = queues(path.kind, cfg.write_queue_depth, cfg.io_threads, waker, f"{tc.name}-w")
-        except BaseException:
-            rq.close()
-            raise
-        return rq, wq
-
-    worker = TierWorker(index, tier, path.direct, cfg, make, deliver, evictable)
-    return TierRuntime(index, tier, path, worker)
+    rt = TierRuntime(index, tier, path, make_worker)
+    rt.start(path)
+    return rt
 
 
-def probe_again(rt: TierRuntime, cfg: KVStreamConfig, done: Callable[[bool], None]) -> None:
-    """Probe a down tier on a thread of its own; ``done(ok)`` is called from that thread."""
+def probe_again(rt: TierRuntime, cfg: KVStreamConfig,
+                done: Callable[[IoPath | None], None]) -> None:
+    """Probe a down tier on a thread of its own; ``done(path or None)`` is called from it."""
 
     def run() -> None:
-        ok = False
+        path = None
         try:
             # Same file system as at start, or a remount that still holds our layout; never
             # the empty mount point of a dead mount (that would fill the disk underneath).
-            if os.stat(rt.tier.root).st_dev != rt.dev and not os.path.isdir(rt.tier.base):
+            if (rt.dev is not None and os.stat(rt.tier.root).st_dev != rt.dev
+                    and not os.path.isdir(rt.tier.base)):
                 raise OSError(errno.ENODEV, "tier root is an empty, different file system")
             rt.tier.open()
-            probe(rt.tier.tmp_dir, rt.path.kind, "on" if rt.path.direct else "off",
-                  cfg.file_mode)
-            ok = True
+            tc = rt.tier.cfg
+            io, direct = tc.io, tc.direct
+            if rt.worker is not None:  # keep the path the worker runs
+                io, direct = rt.path.kind, "on" if rt.path.direct else "off"
+            path = probe(rt.tier.tmp_dir, io, direct, cfg.file_mode)
         except Exception as e:  # noqa: BLE001 - any failure keeps the tier down
             log.info("kvstream: tier %s still down: %s", rt.tier.name, e)
-        done(ok)
+        done(path)
 
     threading.Thread(target=run, daemon=True, name=f"kvstream-probe-{rt.tier.name}").start()

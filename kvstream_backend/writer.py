@@ -57,6 +57,7 @@ class Writer:
         self.staged_total = 0
         self.published = 0
         self.failed = 0
+        self.dropped = 0  # staged chunks given up at close, never written
         self.overlap_bytes = 0
 
     # ---- any thread -----------------------------------------------------------------------
@@ -104,6 +105,19 @@ class Writer:
                 self.overlap_bytes += chunk.payload_len
             self._start(chunk)
 
+    def drop_staged(self) -> int:
+        """Give up every staged chunk not issued yet (close ran out of time): none of it was
+        written, so a later lookup misses; its buffer is handed back (``on_done``)."""
+        n = 0
+        while self._staged:
+            chunk = self._staged.popleft()
+            with self._lock:
+                self._staged_bytes -= chunk.payload_len
+            self.dropped += 1
+            n += 1
+            self._end(chunk)
+        return n
+
     def _start(self, chunk: StagedChunk) -> None:
         plen = chunk.payload_len
         xxh = fmt.payload_checksum(payload_view(chunk.buf.addr, plen))
@@ -118,7 +132,7 @@ class Writer:
             if n != padded and rt.direct:
                 rt.meter.error("unaligned-buffer")
                 continue
-            rt.worker.write(WriteJob(ti, chunk, chunk.digest, chunk.hdr[0], chunk.buf.addr, n,
+            rt.io.write(WriteJob(ti, chunk, chunk.digest, chunk.hdr[0], chunk.buf.addr, n,
                                      header))
             chunk.pending += 1
             self._inflight[ti] += 1

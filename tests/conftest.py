@@ -30,9 +30,12 @@ requires_uring = pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable her
 
 @pytest.fixture
 def tier_dirs(tmp_path) -> Iterator[list[str]]:
-    """Two tier roots on independent paths: the local disk and tmpfs (/dev/shm)."""
+    """Two existing tier roots on independent paths: the local disk and tmpfs (/dev/shm)."""
     shm = f"/dev/shm/kvs-test-{uuid.uuid4().hex[:8]}"
-    yield [str(tmp_path / "nvme"), shm]
+    dirs = [str(tmp_path / "nvme"), shm]
+    for d in dirs:  # kvstream never creates a tier root: like a mount, it must be there
+        os.makedirs(d)
+    yield dirs
     shutil.rmtree(shm, ignore_errors=True)
 
 

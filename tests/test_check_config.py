@@ -32,6 +32,15 @@ def test_example_file_validates_without_creating_directories(tmp_path) -> None:
     assert not (tmp_path / "not-yet-0").exists()
 
 
+def test_a_missing_tier_root_is_reported_as_down_at_start(tmp_path, capsys) -> None:
+    y = H.write_yaml(tmp_path / "m.yaml", [str(tmp_path / "there"), str(tmp_path / "absent")])
+    (tmp_path / "there").mkdir()
+    assert main(["check-config", str(y)]) == 0  # the plugin loads and serves from "there"
+    out = capsys.readouterr()
+    assert "MISSING" in out.out and "starts DOWN" in out.err
+    assert not (tmp_path / "absent").exists()
+
+
 def _bad(tmp_path, tier_dirs, mutate) -> Path:
     y = H.write_yaml(tmp_path / "bad.yaml", tier_dirs)
     doc = yaml.safe_load(y.read_text())

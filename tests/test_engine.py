@@ -339,3 +339,32 @@ def test_temp_files_of_dead_writers_are_cleaned(tier_dirs):
     e = Engine(cfg)
     assert not os.path.exists(dead)
     e.close()
+
+
+def test_a_tier_root_missing_at_start_is_down_never_created_and_joins_later(tier_dirs):
+    """An unmounted PFS at boot: the engine starts on the other tier, never creates the
+    missing root (that would put the "PFS" tier on the root file system), and takes the tier
+    in once the directory appears."""
+    from kvstream_backend.config import parse_config
+    from kvstream_backend.engine import Engine
+
+    missing = tier_dirs[1]
+    shutil.rmtree(missing)
+    cfg = parse_config({"kvstream.tiers": [
+        {"name": "t0", "path": tier_dirs[0], "max_size_gb": 1},
+        {"name": "t1", "path": missing, "max_size_gb": 1},
+    ], "kvstream.reprobe_interval_s": 0.2}, check_paths=False)
+    e = Engine(cfg)
+    try:
+        assert not e.tiers[1].up and "missing" in e.tiers[1].down_reason
+        write_all(e, ["k0", "k1"], 8 * KB)
+        check_all(e, ["k0", "k1"], 8 * KB)
+        time.sleep(0.5)  # a few probe rounds
+        assert not os.path.exists(missing), "a missing tier root was created"
+        os.makedirs(missing)  # the file system is mounted
+        assert _eventually(lambda: e.tiers[1].up), "the tier did not join"
+        write_all(e, ["k2"], 8 * KB)
+        assert e.tiers[1].has(fmt.key_digest("k2"))
+        assert e.stats().tiers[1].io in ("uring", "threads")
+    finally:
+        e.close()

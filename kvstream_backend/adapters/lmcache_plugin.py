@@ -136,6 +136,27 @@ class _ObjBuffer:
         self.obj.ref_count_down()
 
 
+def _close_first(local_cpu_backend: Any, close: Callable[[], None]) -> None:
+    """Run ``close`` before ``local_cpu_backend`` frees its memory.
+
+    LMCache 0.5.6's ``StorageManager.close()`` closes backends in creation order, so
+    ``LocalCPUBackend.close()`` -> ``memory_allocator.close()`` frees every MemoryObj buffer
+    (reference counts notwithstanding) before a plugin's ``close()`` runs. kvstream's staged
+    writes and reads in flight point into those buffers: writing them afterwards sent O_DIRECT
+    writes from freed memory (EFAULT, SIGSEGV, or a reused mapping's bytes under a valid
+    checksum). So kvstream drains and stops first; its own ``close()`` is idempotent.
+    """
+    free = local_cpu_backend.close
+
+    def close_kvstream_then_free() -> None:
+        try:
+            close()
+        finally:
+            free()
+
+    local_cpu_backend.close = close_kvstream_then_free
+
+
 class KVStreamBackend(StoragePluginInterface):
     def __init__(
         self,
@@ -147,7 +168,8 @@ class KVStreamBackend(StoragePluginInterface):
     ) -> None:
         super().__init__(dst_device, config, metadata, local_cpu_backend, loop)
         try:
-            self.cfg = parse_config(getattr(config, "extra_config", None))
+            # never create tier roots: a missing one is a tier down (an unmounted PFS)
+            self.cfg = parse_config(getattr(config, "extra_config", None), check_paths=False)
         except ConfigError as e:
             log.error("KVSTREAM PLUGIN DISABLED: invalid configuration: %s", e)
             raise
@@ -155,6 +177,8 @@ class KVStreamBackend(StoragePluginInterface):
             log.warning("kvstream: no local_cpu_backend (scheduler role?): lookups only; "
                         "gets and puts are refused")
         self.engine = Engine(self.cfg)
+        if local_cpu_backend is not None:
+            _close_first(local_cpu_backend, self.close)
         self._lock = threading.Lock()
         self._prefetch: dict[CacheEngineKey, ReadHandle] = {}
         # Registering a prefetch costs no buffer (it comes when a tier claims the chunk), so
@@ -401,4 +425,8 @@ class KVStreamBackend(StoragePluginInterface):
         for k in keys:
             self._drop_prefetch(k)
         self.engine.close()
+        st = self.engine.stats()
+        if st.writes_dropped:
+            log.warning("kvstream: %d staged chunks were not written before shutdown",
+                        st.writes_dropped)
         logging.getLogger("kvstream").info("kvstream: closed")

@@ -39,6 +39,8 @@ def prompts_file(tmp_path_factory) -> Path:
 
 
 def _yaml(path: Path, tiers: list[str]) -> Path:
+    for d in tiers:  # tier roots must exist: kvstream never creates one
+        os.makedirs(d, exist_ok=True)
     path.write_text(yaml.safe_dump({
         "chunk_size": 256, "local_cpu": False, "max_local_cpu_size": 1,
         "storage_plugins": ["kvstream"],
@@ -122,5 +124,6 @@ def test_second_process_hits_what_the_first_wrote_on_a_shared_tier(
     a = _run(model_dir, prompts_file, _yaml(tmp_path / "a.yaml", [str(tmp_path / "a"), shared]))
     b = _run(model_dir, prompts_file, _yaml(tmp_path / "b.yaml", [str(tmp_path / "b"), shared]))
     assert a["token_ids"] == b["token_ids"] == reference["token_ids"]
-    assert all(n >= SHARED_TOKENS for n in b["num_cached_tokens"])
+    assert all(n >= SHARED_TOKENS for n in b["num_cached_tokens"]), (
+        b["num_cached_tokens"], b["kvstream"], b["log"][-3000:])
     assert b["kvstream"]["read_bytes"]["t0"] == 0 and b["kvstream"]["read_bytes"]["t1"] > 0
