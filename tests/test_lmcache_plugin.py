@@ -312,6 +312,8 @@ def test_lmcache_engine_store_lookup_retrieve(tmp_path, tier_dirs, mode):
         eng.lookup_unpin("req")
         assert mask is not None and int(mask.sum()) == len(tokens)
         assert torch.equal(out, src), "retrieved KV differs from what was stored"
+        # no pin outlives the retrieve (in async mode LMCache never unpins plugins itself)
+        assert kv.engine.wait_idle(10) and kv.engine.pinned() == 0
         assert kv.engine.stats().chunks_read >= 4
     finally:
         LMCacheEngineBuilder.destroy(name)

@@ -184,7 +184,11 @@ class KVStreamBackend(StoragePluginInterface):
         # Registering a prefetch costs no buffer (it comes when a tier claims the chunk), so
         # far more can wait than prefetch_max_gb holds; this bounds the bookkeeping.
         self._prefetch_cap = PREFETCH_RECORDS
-        self._by_lookup: collections.OrderedDict[str, list[CacheEngineKey]] = (
+        # Async loading: the keys each lookup id pinned, with the time their pins expire.
+        # LMCache 0.5.6 never unpins plugins in that mode (``lookup_unpin`` only calls
+        # ``cleanup_memory_objs``, cache_engine.py ~1573), so kvstream releases a lookup's pins
+        # itself: when its get arrives, on ``cancel_request``, or after prefetch_timeout_s.
+        self._by_lookup: collections.OrderedDict[str, tuple[float, list[CacheEngineKey]]] = (
             collections.OrderedDict())
         if self.cfg.metrics_port:
             from ..metrics import serve
@@ -231,11 +235,33 @@ class KVStreamBackend(StoragePluginInterface):
             None, self.batched_contains, keys, pin
         )
         if pin and n:
+            deadline = time.monotonic() + self.cfg.prefetch_timeout_s
             with self._lock:
-                self._by_lookup[lookup_id] = keys[:n]
-                while len(self._by_lookup) > 4096:  # ids LMCache never cancelled nor got
-                    self._by_lookup.popitem(last=False)
+                old = self._by_lookup.pop(lookup_id, None)
+                self._by_lookup[lookup_id] = (deadline, keys[:n])
+            if old is not None:  # the same id looked up again: its earlier pins go
+                self._unpin_keys(old[1])
         return n
+
+    def _release_lookup(self, lookup_id: str) -> list[CacheEngineKey]:
+        """Unpin what an async lookup pinned; return its keys (empty if none are held)."""
+        with self._lock:
+            entry = self._by_lookup.pop(lookup_id, None)
+        keys = entry[1] if entry is not None else []
+        self._unpin_keys(keys)
+        return keys
+
+    def _unpin_keys(self, keys: list[CacheEngineKey]) -> None:
+        for k in keys:
+            self.engine.unpin(k.to_string())
+
+    def _expire_lookups(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [i for i, (deadline, _) in self._by_lookup.items() if deadline < now]
+        for i in stale:
+            for k in self._release_lookup(i):
+                self._drop_prefetch(k)
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
         return self.engine.writing(key.to_string())
@@ -258,9 +284,7 @@ class KVStreamBackend(StoragePluginInterface):
     def cancel_request(self, req_id: str) -> None:
         """Drop the prefetches of an aborted request's lookup (async loading registers them
         under its lookup id; in sync mode LMCache unpins, which drops them too)."""
-        with self._lock:
-            keys = self._by_lookup.pop(req_id, [])
-        for k in keys:
+        for k in self._release_lookup(req_id):
             self._drop_prefetch(k)
 
     def touch_cache(self) -> None:
@@ -309,7 +333,9 @@ class KVStreamBackend(StoragePluginInterface):
             h.discard()
 
     def _forget_stale(self) -> None:
-        """Forget prefetches the engine dropped (expired) so their keys can register again."""
+        """Forget prefetches the engine dropped (expired) so their keys can register again,
+        and release async lookups that no get or cancel followed."""
+        self._expire_lookups()
         now = time.monotonic()
         with self._lock:
             stale = [k for k, h in self._prefetch.items() if h.abandoned or h.deadline < now]
@@ -379,6 +405,9 @@ class KVStreamBackend(StoragePluginInterface):
             return []
         loop = asyncio.get_running_loop()
         handles = await loop.run_in_executor(None, self._handles_for, keys)
+        # The get holds the chunks now (they are not evictable while read): the lookup's
+        # pins have done their job.
+        self._release_lookup(lookup_id)
         waits = []
         for h in handles:
             if h is None:
