@@ -17,7 +17,7 @@ class TierMeter:
     """Cumulative counters of one tier; a step's figures are differences of two snapshots."""
 
     __slots__ = ("name", "bytes", "chunks", "busy_s", "hedged_bytes", "errors", "inflight",
-                 "busy_since", "write_bytes", "error_kinds")
+                 "busy_since", "write_bytes", "error_kinds", "repaired")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -29,6 +29,7 @@ class TierMeter:
         self.inflight = 0
         self.busy_since = 0.0
         self.write_bytes = 0
+        self.repaired = 0  # chunk copies re-made from another tier
         self.error_kinds: collections.Counter[str] = collections.Counter()
 
     def started(self, now: float) -> None:

@@ -41,7 +41,7 @@ from .readpool import ReadPool
 from .stats import EngineStats, StepReport, TierInfo
 from .tier import Tier
 from .tier_runtime import TierRuntime, open_tier, probe_again
-from .tier_worker import Job, ReadJob
+from .tier_worker import Job, ReadJob, WriteJob
 from .writer import Writer
 
 __all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "payload_view"]
@@ -76,8 +76,9 @@ class Engine:
         self._slab = SlabPool()
         self._steps = StepMeter([rt.meter for rt in self._tiers])
         self.steps: collections.deque[StepReport] = self._steps.reports
-        self._reads = ReadPool(cfg, self._tiers, self._slab, self._steps, self._tier_down)
         self._writer = Writer(cfg, self._tiers, self._slab, self._steps, self._tier_down)
+        self._reads = ReadPool(cfg, self._tiers, self._slab, self._steps, self._tier_down,
+                               self._writer.served)
         self._idle = threading.Condition()
         self._stopping = False
         self._reads_quiet = True  # written by the loop: no read outstanding or admitted
@@ -108,10 +109,11 @@ class Engine:
                 return ChunkInfo(digest, header.payload_len, header.meta)
         return None
 
-    def holds(self, key: str) -> bool:
-        """True if a healthy tier's index has the chunk (memory only: no I/O)."""
+    def stored_everywhere(self, key: str) -> bool:
+        """True if every healthy tier's index has the chunk (memory only: no I/O)."""
         digest = fmt.key_digest(key)
-        return any(rt.tier.up and rt.tier.has(digest) for rt in self._tiers)
+        up = [rt for rt in self._tiers if rt.tier.up]
+        return bool(up) and all(rt.tier.has(digest) for rt in up)
 
     def pin(self, key: str) -> None:
         digest = fmt.key_digest(key)
@@ -264,14 +266,17 @@ class Engine:
     def stats(self) -> EngineStats:
         tiers = []
         now = self._clock()
-        for rt in self._tiers:
+        held = [set(rt.tier.digests()) for rt in self._tiers]
+        for i, rt in enumerate(self._tiers):
             t, m = rt.tier, rt.meter
+            others = set().union(*(h for j, h in enumerate(held) if j != i))
             tiers.append(TierInfo(
                 t.name, t.root, rt.path.kind, rt.path.direct, rt.path.reason, t.up,
                 t.down_reason, len(t), t.used, t.capacity, t.cfg.emulate is not None,
                 m.bytes, m.write_bytes, dict(t.counters.quarantined), t.counters.evicted,
                 t.counters.capacity_skips, dict(m.error_kinds), rt.path.inline_issue,
-                m.snapshot(now).busy_s,
+                m.snapshot(now).busy_s, m.repaired,
+                len(held[i] & others) / len(others) if others else 1.0,
             ))
         r, w = self._reads, self._writer
         return EngineStats(
@@ -329,8 +334,10 @@ class Engine:
             job = self._completed.popleft()
             if isinstance(job, ReadJob):
                 self._reads.finished(job, now)
-            else:
+            elif isinstance(job, WriteJob):
                 self._writer.finished(job)
+            else:
+                self._writer.repaired(job)
         self._reads.expire(now)
         self._reads.dispatch(now)
         router = self._reads.router

@@ -24,6 +24,11 @@ class EngineCollector(Collector):
         q = CounterMetricFamily("kvstream_quarantined", "chunk files moved aside",
                                 labels=["tier", "reason"])
         err = CounterMetricFamily("kvstream_io_errors", "I/O errors", labels=["tier", "error"])
+        rep = GaugeMetricFamily("kvstream_tier_replica_fraction",
+                                "share of the chunks the other tiers hold that this tier holds",
+                                labels=["tier"])
+        fix = CounterMetricFamily("kvstream_tier_repaired", "chunk copies re-made from another "
+                                  "tier", labels=["tier"])
         for t in st.tiers:
             up.add_metric([t.name], 1.0 if t.up else 0.0)
             used.add_metric([t.name], t.used_bytes)
@@ -33,7 +38,9 @@ class EngineCollector(Collector):
                 q.add_metric([t.name, reason], n)
             for e, n in t.errors.items():
                 err.add_metric([t.name, e], n)
-        yield from (up, used, rb, wb, q, err)
+            rep.add_metric([t.name], t.replica_fraction)
+            fix.add_metric([t.name], t.repaired)
+        yield from (up, used, rb, wb, q, err, rep, fix)
         yield CounterMetricFamily("kvstream_chunks_read", "chunks delivered", st.chunks_read)
         miss = CounterMetricFamily("kvstream_misses", "chunks not delivered", labels=["reason"])
         for reason, n in st.misses.items():

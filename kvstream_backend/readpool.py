@@ -40,12 +40,14 @@ def _errname(code: int) -> str:
 
 class ReadPool:
     def __init__(self, cfg: KVStreamConfig, tiers: list[TierRuntime], slab: SlabPool,
-                 steps: StepMeter, tier_down: Callable[[int, str], None]) -> None:
+                 steps: StepMeter, tier_down: Callable[[int, str], None],
+                 served: Callable[[bytes, int], None]) -> None:
         self._cfg = cfg
         self._tiers = tiers
         self._slab = slab
         self._steps = steps
         self._tier_down = tier_down
+        self._served = served  # (digest, tier) of every delivered chunk: replication upkeep
         self.router = (
             ClaimRouter(len(tiers), cfg.claim_batch, cfg.hedge, cfg.claim_depth)
             if cfg.static_split is None
@@ -197,7 +199,9 @@ class ReadPool:
             return
         if won:
             rt.meter.chunks += 1
-            rt.tier.touch(h.info.digest)
+            for other in self._tiers:  # recency on every tier holding it, not only this one
+                other.tier.touch(h.info.digest)
+            self._served(h.info.digest, job.tier)
             if job.primary:
                 h.buffer = None  # delivered below
             elif rid not in self._primary_busy and h.buffer is not None:

@@ -58,6 +58,8 @@ class TierInfo(msgspec.Struct):
     errors: dict[str, int]
     inline_issue: str = ""  # what the io_uring inline-issue probe measured at start
     read_busy_s: float = 0.0  # time with at least one read in flight, since start
+    repaired: int = 0  # chunk copies re-made from another tier (replication upkeep)
+    replica_fraction: float = 1.0  # of the chunks the other tiers hold, the share this one has
 
 
 class EngineStats(msgspec.Struct):

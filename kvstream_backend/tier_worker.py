@@ -20,6 +20,7 @@ import collections
 import errno
 import heapq
 import logging
+import os
 import select
 import threading
 import time
@@ -86,7 +87,26 @@ class WriteJob:
         return not self.errno and not self.reason
 
 
-Job = ReadJob | WriteJob
+class RepairJob:
+    """Copy a published chunk file from another tier to this one (re-replication)."""
+
+    __slots__ = ("tier", "digest", "src_path", "errno", "reason", "moved")
+
+    def __init__(self, tier: int, digest: bytes, src_path: str) -> None:
+        self.tier = tier
+        self.digest = digest
+        self.src_path = src_path
+        self.errno = 0
+        self.reason = ""  # "capacity", or "source-gone" when the source copy vanished
+        self.moved = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errno and not self.reason
+
+
+Job = ReadJob | WriteJob | RepairJob
+COPY_BLOCK = 8 << 20
 
 
 class TierWorker:
@@ -128,6 +148,9 @@ class TierWorker:
     def write(self, job: WriteJob) -> None:
         self._post(job)
 
+    def repair(self, job: RepairJob) -> None:
+        self._post(job)
+
     def _post(self, job: Job) -> None:
         self._inbox.append(job)
         self.waker.wake()
@@ -166,8 +189,11 @@ class TierWorker:
             self._active += 1
             if isinstance(job, ReadJob):
                 self._start_read(job)
-            else:
+            elif isinstance(job, WriteJob):
                 self._start_write(job)
+            else:
+                self._repair(job)
+                self._done(job)
         for op in self.rq.reap():
             self._reaped(op, self._rthrottle)
         for op in self.wq.reap():
@@ -284,3 +310,39 @@ class TierWorker:
         if not job.ok:
             self.tier.unreserve(job.size)
         self._done(job)
+
+    # re-replication
+    def _repair(self, job: RepairJob) -> None:
+        """Copy the source tier's file into a temp file here and publish it (blocking: repairs
+        run only while no read is outstanding, one at a time per tier)."""
+        try:
+            src = files.open_read(job.src_path, direct=False)
+        except OSError as e:
+            job.reason = "source-gone" if e.errno in files.FILE_LEVEL_ERRNOS else ""
+            job.errno = 0 if job.reason else (e.errno or errno.EIO)
+            return
+        tmp = ""
+        try:
+            size = os.fstat(src).st_size
+            if not self.tier.reserve(size, self._evictable):
+                job.reason = "capacity"
+                return
+            try:
+                dst, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, False)
+                try:
+                    job.moved = files.copy(src, dst, size, COPY_BLOCK)
+                finally:
+                    if files.close(dst, drop_pages=True) and not job.errno:
+                        raise OSError(errno.EIO, "close failed")
+                if job.moved != size:
+                    raise OSError(errno.EIO, f"short copy: {job.moved} of {size} bytes")
+                files.publish(tmp, self.tier.ensure_parent(job.digest))
+                tmp = ""
+                self.tier.commit(job.digest, size, None)
+            except OSError as e:
+                job.errno = e.errno or errno.EIO
+                self.tier.unreserve(size)
+        finally:
+            files.close(src, drop_pages=True)
+            if tmp:
+                files.unlink_quiet(tmp)

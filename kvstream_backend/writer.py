@@ -1,4 +1,4 @@
-"""The deferred, replicated writer (KVStream M2 + M3).
+"""The deferred, replicated writer (KVStream M2 + M3), and the repairs that keep replication.
 
 :meth:`Writer.stage` runs on any thread (LMCache's forward thread) and returns at once; the
 rest runs on the completion loop. Staged chunks are issued to every healthy tier while no
@@ -6,6 +6,10 @@ demanded read is outstanding, or anyway once more than ``staging_budget_mb`` is 
 as write-during-read overlap). Each tier's copy is one :class:`~kvstream_backend.tier_worker.
 WriteJob` on that tier's worker. ``on_published(key)`` fires when the first copy is visible,
 ``on_done()`` when every copy is finished; the chunk's buffer must stay valid until then.
+
+Repairs: when a chunk is served from one tier while a healthy tier lacks it (it was down, or
+evicted the chunk), that tier gets a copy of the file, behind reads and staged writes, one
+copy at a time per tier (:class:`~kvstream_backend.tier_worker.RepairJob`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from .config import KVStreamConfig
 from .handles import Buffer, _safe, payload_view
 from .io.memory import SlabPool
 from .tier_runtime import TierRuntime
-from .tier_worker import WriteJob
+from .tier_worker import RepairJob, WriteJob
+
+REPAIR_BACKLOG = 4096  # chunk copies waiting for a quiet moment; older wishes are dropped
 
 
 @dataclass
@@ -54,6 +60,9 @@ class Writer:
         self.stopping = False
         self._staged: collections.deque[StagedChunk] = collections.deque()  # loop only
         self._inflight = [0] * len(tiers)  # loop only
+        self._repairs: collections.OrderedDict[tuple[bytes, int], int] = (
+            collections.OrderedDict())  # (digest, target tier) -> source tier; loop only
+        self._repairing = [False] * len(tiers)
         self.staged_total = 0
         self.published = 0
         self.failed = 0
@@ -87,9 +96,42 @@ class Writer:
 
     @property
     def busy(self) -> bool:
-        return bool(self._staged) or any(self._inflight)
+        return bool(self._staged) or any(self._inflight) or any(self._repairing)
+
+    def served(self, digest: bytes, src: int) -> None:
+        """``digest`` was just read from tier ``src``: queue a copy for healthy tiers lacking it."""
+        for ti, rt in enumerate(self._tiers):
+            if ti != src and rt.tier.up and not rt.tier.has(digest):
+                self._repairs[(digest, ti)] = src
+                if len(self._repairs) > REPAIR_BACKLOG:
+                    self._repairs.popitem(last=False)
+
+    def _pump_repairs(self) -> None:
+        for (digest, ti), src in list(self._repairs.items()):
+            if self._repairing[ti]:
+                continue
+            del self._repairs[(digest, ti)]
+            target, source = self._tiers[ti], self._tiers[src]
+            if not (target.tier.up and source.tier.up) or target.tier.has(digest):
+                continue
+            self._repairing[ti] = True
+            target.io.repair(RepairJob(ti, digest, source.tier.chunk_path(digest)))
+            if all(self._repairing):
+                return
+
+    def repaired(self, job: RepairJob) -> None:
+        self._repairing[job.tier] = False
+        rt = self._tiers[job.tier]
+        if job.ok:
+            rt.meter.repaired += 1
+            rt.meter.write_bytes += job.moved
+        elif job.errno:
+            rt.meter.error(errno.errorcode.get(job.errno, f"errno{job.errno}"))
+            self._tier_down(job.tier, f"repair: {os.strerror(job.errno)}")
 
     def pump(self, reads_busy: bool) -> None:
+        if not reads_busy and not self._staged and self._repairs:
+            self._pump_repairs()
         while self._staged:
             over = self._staged_bytes > self._cfg.staging_budget_bytes
             if reads_busy and not over:
@@ -127,8 +169,8 @@ class Writer:
         padded = fmt.padded(plen)
         n = padded if chunk.buf.capacity >= padded else plen
         for ti, rt in enumerate(self._tiers):
-            if not rt.tier.up:
-                continue
+            if not rt.tier.up or rt.tier.has(chunk.digest):
+                continue  # every healthy tier that lacks the chunk gets it
             if n != padded and rt.direct:
                 rt.meter.error("unaligned-buffer")
                 continue
@@ -137,7 +179,8 @@ class Writer:
             chunk.pending += 1
             self._inflight[ti] += 1
         if chunk.pending == 0:
-            self.failed += 1
+            if not any(rt.tier.up and rt.tier.has(chunk.digest) for rt in self._tiers):
+                self.failed += 1
             self._end(chunk)
 
     def finished(self, job: WriteJob) -> None:

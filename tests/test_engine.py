@@ -368,3 +368,39 @@ def test_a_tier_root_missing_at_start_is_down_never_created_and_joins_later(tier
         assert e.stats().tiers[1].io in ("uring", "threads")
     finally:
         e.close()
+
+
+def test_replication_is_kept_a_lost_copy_returns_when_read_and_reads_refresh_every_tier(
+        tier_dirs, make_engine):
+    e = make_engine(tier_dirs, hedge=False)
+    keys = [f"rep{i}" for i in range(6)]
+    write_all(e, keys, 16 * KB)
+    lost = fmt.key_digest("rep0")
+    assert e.tiers[1].remove(lost)  # tier 1 evicted it (or was down when it was written)
+    assert e.stats().tiers[1].replica_fraction == pytest.approx(5 / 6)
+    check_all(e, ["rep0"], 16 * KB)  # served by tier 0, the only holder
+    assert _eventually(lambda: e.tiers[1].has(lost)), "the lost copy was not re-made"
+    src, dst = e.tiers[0].chunk_path(lost), e.tiers[1].chunk_path(lost)
+    with open(src, "rb") as a, open(dst, "rb") as b:
+        assert a.read() == b.read()
+    st = e.stats()
+    assert st.tiers[1].repaired == 1 and st.tiers[1].replica_fraction == 1.0
+    # a read served by one tier refreshes the chunk's recency on every tier that holds it
+    check_all(e, ["rep3"], 16 * KB)
+    assert e.wait_idle(10)
+    assert e.tiers[1].digests()[-1] == fmt.key_digest("rep3")
+    assert e.tiers[0].digests()[-1] == fmt.key_digest("rep3")
+
+
+def test_chunks_written_during_an_outage_return_to_the_tier_when_read(tier_dirs, make_engine):
+    e = make_engine(tier_dirs, reprobe_interval_s=0.2)
+    shutil.rmtree(tier_dirs[1])
+    write_all(e, ["before-down"], 8 * KB)  # the failed write marks tier 1 down
+    assert _eventually(lambda: not e.tiers[1].up)
+    missed = [f"out{i}" for i in range(5)]
+    write_all(e, missed, 8 * KB)  # tier 0 only
+    os.makedirs(tier_dirs[1])
+    assert _eventually(lambda: e.tiers[1].up), "tier not re-admitted"
+    assert not any(e.tiers[1].has(fmt.key_digest(k)) for k in missed)
+    check_all(e, missed, 8 * KB)
+    assert _eventually(lambda: all(e.tiers[1].has(fmt.key_digest(k)) for k in missed))

@@ -433,8 +433,8 @@ class KVStreamBackend(StoragePluginInterface):
             return None
         for key, obj in zip(keys, objs, strict=True):
             skey = key.to_string()
-            if self.engine.holds(skey):
-                continue  # already stored (index only: no I/O on the forward thread)
+            if self.engine.stored_everywhere(skey):
+                continue  # on every healthy tier already (index only: no forward-thread I/O)
             obj.ref_count_up()
             published = None
             if on_complete_callback is not None:

@@ -68,6 +68,24 @@ def create_temp(tmp_dir: str, mode: int, direct: bool) -> tuple[int, str]:
     return fd, path
 
 
+def copy(src: int, dst: int, size: int, block: int) -> int:
+    """Copy ``size`` bytes from ``src`` to ``dst`` (in the kernel where it can); return the
+    bytes copied (fewer only if ``src`` is shorter)."""
+    done = 0
+    while done < size:
+        try:
+            n = os.copy_file_range(src, dst, min(block, size - done), done, done)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            data = os.pread(src, min(block, size - done), done)
+            n = os.pwrite(dst, data, done) if data else 0
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 def publish(tmp_path: str, final_path: str) -> bool:
     """Hard-link ``tmp_path`` to ``final_path`` and drop the temporary name.
 
