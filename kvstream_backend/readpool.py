@@ -32,6 +32,7 @@ from .tier_runtime import TierRuntime
 from .tier_worker import ReadJob
 
 ALLOC_RETRY_S = 0.02
+NOT_THE_TIER = frozenset({errno.EAGAIN, errno.EFAULT})
 
 
 def _errname(code: int) -> str:
@@ -190,7 +191,8 @@ class ReadPool:
         else:
             rt.meter.error(why)
             # a bad copy was quarantined by the worker: the other tiers may hold good ones
-            if not job.reason and job.errno not in files.FILE_LEVEL_ERRNOS | {errno.EAGAIN}:
+            # EFAULT is the buffer's fault (memory the caller freed), never the tier's
+            if not job.reason and job.errno not in files.FILE_LEVEL_ERRNOS | NOT_THE_TIER:
                 self._tier_down(job.tier, f"read: {os.strerror(job.errno)}")
             dead = self.router.fail(job.tier, rid)
         h = self._handles.get(rid)

@@ -191,7 +191,8 @@ class Writer:
             rt.meter.write_bytes += job.moved
         elif job.errno:
             rt.meter.error(errno.errorcode.get(job.errno, f"errno{job.errno}"))
-            self._tier_down(job.tier, f"write: {os.strerror(job.errno)}")
+            if job.errno != errno.EFAULT:  # EFAULT is the buffer's fault, never the tier's
+                self._tier_down(job.tier, f"write: {os.strerror(job.errno)}")
         chunk.pending -= 1
         if job.ok and not chunk.published:
             chunk.published = True

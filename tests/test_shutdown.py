@@ -4,6 +4,7 @@ never written from freed memory; a fresh process then reads whole chunks only.""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -80,3 +81,63 @@ def test_close_out_of_time_drops_whole_chunks_only(tier_dirs):
     assert all(t.up for t in st.tiers), "a tier was marked down at shutdown"
     got = _read_back(_tiers(tier_dirs), 32)
     assert got["hits"] == got["identical"] == st.writes_published
+
+
+_SERVER = """
+import json, signal, sys, time
+from kvstream_backend.bench import workload as W
+tiers, n = json.loads(sys.argv[1]), int(sys.argv[2])
+shape = W.Shape.from_bytes_per_token(65536, 64, 4)
+def stop(signum, frame):  # what servers do on SIGTERM: unwind and shut down
+    raise SystemExit(0)
+signal.signal(signal.SIGTERM, stop)
+sm = W.open_manager(W.kvstream_backend(tiers, close_timeout_s=1), shape, 1.5)
+try:
+    W.put(sm, shape, list(range(n)))
+    print("PUT", flush=True)
+    time.sleep(60)
+finally:
+    sm.close()
+"""
+
+
+def test_sigterm_mid_write_no_crash_and_only_whole_chunks(tier_dirs):
+    tiers = _tiers(tier_dirs, emulate={"write_mbps": 200})  # the writes are still going on
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-c", _SERVER, json.dumps(tiers), "48"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "PUT"
+    p.send_signal(15)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, f"exit {p.returncode}: {err[-2000:]}"
+    assert "marked DOWN" not in err
+    got = _read_back(_tiers(tier_dirs), 48)
+    assert 0 < got["hits"] == got["identical"], got
+    leftovers = [f for d in tier_dirs for f in os.listdir(os.path.join(d, "kvs1", "tmp"))]
+    assert leftovers == [], "a temporary file outlived a graceful shutdown"
+
+
+def test_lmcache_engine_close_publishes_what_was_stored(tmp_path, tier_dirs):
+    import torch
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    from . import lmcache_helpers as H
+
+    y = H.write_yaml(tmp_path / "e.yaml", tier_dirs)
+    name = f"kvs-close-{os.getpid()}"
+    eng = LMCacheEngineBuilder.get_or_create(name, LMCacheEngineConfig.from_file(str(y)),
+                                             H.metadata(), H.CPUConnector(),
+                                             lambda t, r: None, lambda o, r: o)
+    eng.post_init(async_lookup_server=H.LookupServerStub())
+    tokens = list(range(5000, 5000 + 64 * 256))  # 64 chunks, stored and closed at once
+    src = torch.randn(2, H.LAYERS, len(tokens), H.HIDDEN).to(H.DTYPE)
+    eng.store(tokens, kv=src)
+    kv = eng.storage_manager.storage_backends["kvstream"]
+    LMCacheEngineBuilder.destroy(name)  # LMCacheEngine.close -> StorageManager.close
+    st = kv.engine.stats()
+    assert st.writes_published == 64 and st.writes_dropped == 0
+    assert all(t.up and not t.errors for t in st.tiers)
+    files = [f for d in tier_dirs for f in glob.glob(os.path.join(d, "kvs1", "chunks", "*", "*",
+                                                                  "*.kvs"))]
+    assert len(files) == 2 * 64
