@@ -284,6 +284,7 @@ class Engine:
             w.published, w.failed, w.overlap_bytes,
             sum(rt.meter.hedged_bytes for rt in self._tiers),
             r.prefetch_hits, r.prefetch_dropped, r.prefetch_expired, r.held_bytes, w.dropped,
+            w.shed, w.held_bytes,
         )
 
     # ------------------------------------------------------------------------------------

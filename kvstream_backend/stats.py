@@ -76,4 +76,6 @@ class EngineStats(msgspec.Struct):
     prefetch_dropped: int = 0  # prefetches given up before a get (released, expired)
     prefetch_expired: int = 0
     prefetch_held_bytes: int = 0  # prefetch buffers allocated and not demanded yet
-    writes_dropped: int = 0  # staged chunks given up at close (never written)
+    writes_dropped: int = 0  # staged chunks given up (close, memory), never written
+    replicas_shed: int = 0  # queued copies given up under memory pressure (visible elsewhere)
+    staged_bytes: int = 0  # payload bytes of staged chunks not finished (buffers held)

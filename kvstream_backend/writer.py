@@ -1,11 +1,18 @@
 """The deferred, replicated writer (KVStream M2 + M3), and the repairs that keep replication.
 
 :meth:`Writer.stage` runs on any thread (LMCache's forward thread) and returns at once; the
-rest runs on the completion loop. Staged chunks are issued to every healthy tier while no
-demanded read is outstanding, or anyway once more than ``staging_budget_mb`` is staged (counted
-as write-during-read overlap). Each tier's copy is one :class:`~kvstream_backend.tier_worker.
-WriteJob` on that tier's worker. ``on_published(key)`` fires when the first copy is visible,
-``on_done()`` when every copy is finished; the chunk's buffer must stay valid until then.
+rest runs on the completion loop. Staged chunks get their header and join a queue per
+healthy tier that lacks them; each tier writes from its own queue (``write_queue_depth`` copies
+in flight), so a slow tier never holds back a fast tier's copy, and a chunk is visible as soon
+as its fastest copy lands. All of this waits while a read is outstanding, unless the
+memory held by unfinished chunks exceeds ``staging_budget_mb``: then (1) writes go on during
+reads (counted as overlap), (2) queued copies of chunks already visible on another tier are
+shed (counted; the repairs below re-make them when the chunk is read), and (3) past twice the
+budget the oldest chunks not yet written anywhere are dropped (counted; LMCache recomputes
+them). The forward thread never blocks. Each copy is one
+:class:`~kvstream_backend.tier_worker.WriteJob` on its tier's worker. ``on_published(key)``
+fires when the first copy is visible, ``on_done()`` when every copy is finished; the chunk's
+buffer must stay valid until then.
 
 Repairs: when a chunk is served from one tier while a healthy tier lacks it (it was down, or
 evicted the chunk), that tier gets a copy of the file, behind reads and staged writes, one
@@ -42,7 +49,9 @@ class StagedChunk:
     on_published: Callable[[str], None] | None
     on_done: Callable[[], None] | None
     hdr: tuple[int, memoryview] | None = None
-    pending: int = 0
+    header: fmt.Header | None = None
+    n: int = 0  # bytes each copy writes (the payload, padded when the buffer allows)
+    pending: int = 0  # copies queued or in flight
     published: bool = False
 
 
@@ -54,11 +63,13 @@ class Writer:
         self._slab = slab
         self._steps = steps
         self._tier_down = tier_down
-        self._lock = threading.Lock()  # guards _writing, _staged_bytes, stopping, counters
+        self._lock = threading.Lock()  # guards _writing, held_bytes, stopping, counters
         self._writing: set[bytes] = set()
-        self._staged_bytes = 0
+        self.held_bytes = 0  # payload bytes of staged chunks not finished (buffers held)
         self.stopping = False
         self._staged: collections.deque[StagedChunk] = collections.deque()  # loop only
+        self._queues: list[collections.deque[StagedChunk]] = [
+            collections.deque() for _ in tiers]  # started chunks waiting for a tier's slot
         self._inflight = [0] * len(tiers)  # loop only
         self._repairs: collections.OrderedDict[tuple[bytes, int], int] = (
             collections.OrderedDict())  # (digest, target tier) -> source tier; loop only
@@ -66,7 +77,8 @@ class Writer:
         self.staged_total = 0
         self.published = 0
         self.failed = 0
-        self.dropped = 0  # staged chunks given up at close, never written
+        self.dropped = 0  # staged chunks given up (close, memory), never written
+        self.shed = 0  # queued copies given up under memory pressure (visible elsewhere)
         self.overlap_bytes = 0
 
     # ---- any thread -----------------------------------------------------------------------
@@ -78,7 +90,7 @@ class Writer:
             if digest in self._writing or self.stopping:
                 return None
             self._writing.add(digest)
-            self._staged_bytes += payload_len
+            self.held_bytes += payload_len
             self.staged_total += 1
         return StagedChunk(key, digest, buf, payload_len, meta, on_published, on_done)
 
@@ -96,7 +108,8 @@ class Writer:
 
     @property
     def busy(self) -> bool:
-        return bool(self._staged) or any(self._inflight) or any(self._repairing)
+        return (bool(self._staged) or any(self._queues) or any(self._inflight)
+                or any(self._repairing))
 
     def served(self, digest: bytes, src: int) -> None:
         """``digest`` was just read from tier ``src``: queue a copy for healthy tiers lacking it."""
@@ -130,56 +143,93 @@ class Writer:
             self._tier_down(job.tier, f"repair: {os.strerror(job.errno)}")
 
     def pump(self, reads_busy: bool) -> None:
-        if not reads_busy and not self._staged and self._repairs:
-            self._pump_repairs()
-        while self._staged:
-            over = self._staged_bytes > self._cfg.staging_budget_bytes
-            if reads_busy and not over:
-                return
-            if any(rt.tier.up and self._inflight[i] >= self._cfg.write_queue_depth
-                   for i, rt in enumerate(self._tiers)):
-                return
+        budget = self._cfg.staging_budget_bytes
+        over = self.held_bytes > budget
+        if over:
+            self._shed(budget)
+        if reads_busy and not over:
+            return
+        depth = self._cfg.write_queue_depth
+        while self._staged and any(  # start chunks while some tier could take one now
+                rt.tier.up and len(q) + self._inflight[i] < depth
+                for i, (rt, q) in enumerate(zip(self._tiers, self._queues, strict=True))):
             chunk = self._staged.popleft()
-            with self._lock:
-                self._staged_bytes -= chunk.payload_len
             if reads_busy:
                 self._steps.overlap += chunk.payload_len
                 self.overlap_bytes += chunk.payload_len
             self._start(chunk)
+        for ti, q in enumerate(self._queues):
+            while q and self._inflight[ti] < depth:
+                self._issue(ti, q.popleft())
+        while self.held_bytes > 2 * budget and self._staged:
+            self._drop(self._staged.popleft())
+        if not reads_busy and not self._staged and not any(self._queues) and self._repairs:
+            self._pump_repairs()
+
+    def _shed(self, budget: int) -> None:
+        """Give up queued copies of chunks that are visible on another tier, oldest first."""
+        for ti, q in enumerate(self._queues):
+            keep: collections.deque[StagedChunk] = collections.deque()
+            while q:
+                chunk = q.popleft()
+                if chunk.published and self.held_bytes > budget:
+                    self.shed += 1
+                    self._tiers[ti].meter.error("shed")
+                    self._copy_done(chunk)
+                else:
+                    keep.append(chunk)
+            self._queues[ti] = keep
 
     def drop_staged(self) -> int:
-        """Give up every staged chunk not issued yet (close ran out of time): none of it was
-        written, so a later lookup misses; its buffer is handed back (``on_done``)."""
-        n = 0
+        """Give up every chunk and copy not issued yet (close ran out of time); a chunk that
+        no tier holds misses later. Buffers are handed back (``on_done``)."""
+        n = len(self._staged)
         while self._staged:
-            chunk = self._staged.popleft()
-            with self._lock:
-                self._staged_bytes -= chunk.payload_len
-            self.dropped += 1
-            n += 1
-            self._end(chunk)
+            self._drop(self._staged.popleft())
+        for q in self._queues:
+            while q:
+                self._copy_done(q.popleft())
         return n
+
+    def _drop(self, chunk: StagedChunk) -> None:
+        self.dropped += 1
+        self._end(chunk)
 
     def _start(self, chunk: StagedChunk) -> None:
         plen = chunk.payload_len
         xxh = fmt.payload_checksum(payload_view(chunk.buf.addr, plen))
         chunk.hdr = self._slab.get()
-        header = fmt.Header(plen, xxh, chunk.meta)
+        chunk.header = fmt.Header(plen, xxh, chunk.meta)
         fmt.encode_header(chunk.hdr[1], chunk.digest, plen, xxh, chunk.meta)
         padded = fmt.padded(plen)
-        n = padded if chunk.buf.capacity >= padded else plen
+        chunk.n = padded if chunk.buf.capacity >= padded else plen
         for ti, rt in enumerate(self._tiers):
             if not rt.tier.up or rt.tier.has(chunk.digest):
                 continue  # every healthy tier that lacks the chunk gets it
-            if n != padded and rt.direct:
+            if chunk.n != padded and rt.direct:
                 rt.meter.error("unaligned-buffer")
                 continue
-            rt.io.write(WriteJob(ti, chunk, chunk.digest, chunk.hdr[0], chunk.buf.addr, n,
-                                     header))
+            self._queues[ti].append(chunk)
             chunk.pending += 1
-            self._inflight[ti] += 1
         if chunk.pending == 0:
             if not any(rt.tier.up and rt.tier.has(chunk.digest) for rt in self._tiers):
+                self.failed += 1
+            self._end(chunk)
+
+    def _issue(self, ti: int, chunk: StagedChunk) -> None:
+        rt = self._tiers[ti]
+        if not rt.tier.up:
+            self._copy_done(chunk)
+            return
+        assert chunk.hdr is not None and chunk.header is not None
+        rt.io.write(WriteJob(ti, chunk, chunk.digest, chunk.hdr[0], chunk.buf.addr, chunk.n,
+                             chunk.header))
+        self._inflight[ti] += 1
+
+    def _copy_done(self, chunk: StagedChunk) -> None:
+        chunk.pending -= 1
+        if chunk.pending == 0:
+            if not chunk.published:
                 self.failed += 1
             self._end(chunk)
 
@@ -193,21 +243,18 @@ class Writer:
             rt.meter.error(errno.errorcode.get(job.errno, f"errno{job.errno}"))
             if job.errno != errno.EFAULT:  # EFAULT is the buffer's fault, never the tier's
                 self._tier_down(job.tier, f"write: {os.strerror(job.errno)}")
-        chunk.pending -= 1
         if job.ok and not chunk.published:
             chunk.published = True
             self.published += 1
             if chunk.on_published is not None:
                 _safe(chunk.on_published, chunk.key)
-        if chunk.pending == 0:
-            if not chunk.published:
-                self.failed += 1
-            self._end(chunk)
+        self._copy_done(chunk)
 
     def _end(self, chunk: StagedChunk) -> None:
         if chunk.hdr is not None:
             self._slab.put(chunk.hdr)
         with self._lock:
             self._writing.discard(chunk.digest)
+            self.held_bytes -= chunk.payload_len
         if chunk.on_done is not None:
             _safe(chunk.on_done)

@@ -404,3 +404,47 @@ def test_chunks_written_during_an_outage_return_to_the_tier_when_read(tier_dirs,
     assert not any(e.tiers[1].has(fmt.key_digest(k)) for k in missed)
     check_all(e, missed, 8 * KB)
     assert _eventually(lambda: all(e.tiers[1].has(fmt.key_digest(k)) for k in missed))
+
+
+def test_a_slow_tier_never_holds_back_the_fast_tiers_copies(tier_dirs, make_engine):
+    slow = {"emulate": {"write_mbps": 0.25}}  # 64 KiB copies take 0.25 s each
+    e = make_engine(tier_dirs, tier_opts=[{}, slow], write_queue_depth=2)
+    keys = [f"v{i}" for i in range(16)]
+    published: list[str] = []
+    bufs = []
+    for k in keys:
+        b = AlignedBuffer(64 * KB)
+        b.view[:] = payload(k, 64 * KB)
+        bufs.append(b)
+        assert e.write(k, b, 64 * KB, b"m", on_published=published.append)
+    assert _eventually(lambda: len(published) == 16, timeout=3), published
+    assert len(e.tiers[1]) < 8, "the slow tier should still be writing"
+    assert e.flush(30)
+    assert len(e.tiers[1]) == 16  # and it does get every chunk
+    for b in bufs:
+        b.release()
+
+
+def test_staging_memory_is_bounded_shedding_lagging_copies_first(tier_dirs, make_engine):
+    slow = {"emulate": {"write_mbps": 0.5}}
+    e = make_engine(tier_dirs, tier_opts=[{}, slow], staging_budget_mb=1, write_queue_depth=2)
+    size, n = 128 * KB, 32  # 4 MiB staged at once against a 1 MiB budget
+    keys = [f"b{i}" for i in range(n)]
+    bufs = []
+    for k in keys:
+        b = AlignedBuffer(size)
+        b.view[:] = payload(k, size)
+        bufs.append(b)
+        assert e.write(k, b, size, b"m")  # never blocks, whatever the budget
+    assert _eventually(lambda: e.stats().staged_bytes <= 2 << 20, timeout=1)
+    assert e.flush(60)
+    st = e.stats()
+    assert st.writes_dropped > 0 and st.replicas_shed > 0
+    assert st.writes_published + st.writes_dropped == n and st.writes_failed == 0
+    kept = [k for k in keys if e.tiers[0].has(fmt.key_digest(k))]
+    assert len(kept) == st.writes_published
+    check_all(e, kept, size)  # everything acknowledged as published is whole
+    assert st.tiers[1].replica_fraction < 1  # shed copies: re-made when read
+    assert _eventually(lambda: e.stats().tiers[1].replica_fraction == 1.0, timeout=60)
+    for b in bufs:
+        b.release()
