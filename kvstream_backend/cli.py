@@ -92,12 +92,26 @@ def check_config(path: str) -> int:
                             f"free space of {existing} ({free / 2**30:.1f} GB)")
         table.add_row(t.name, t.path, f"{t.max_size_gb:g}", f"{free / 2**30:.1f}", kind,
                       direct, "yes" if t.emulate else "no")
+    problems += _memory_problems(kcfg, float(cfg.max_local_cpu_size or 0))
     out = Console()
     out.print(table)
     for p in problems:
         err.print(f"[yellow]warning:[/] {p}")
     out.print(f"[green]OK[/]: {path} selects kvstream as storage plugin {selected[0]!r}")
     return 0
+
+
+def _memory_problems(kcfg, host_gb: float) -> list[str]:
+    """kvstream reads into and writes from LMCache's host buffers (``max_local_cpu_size``):
+    prefetches up to ``prefetch_max_gb`` and unfinished writes up to twice
+    ``staging_budget_mb``. Leave at least half to LMCache's own cache and the gets in flight."""
+    need = kcfg.prefetch_max_gb + 2 * kcfg.staging_budget_mb / 1024
+    if need <= host_gb / 2:
+        return []
+    return [f"kvstream.prefetch_max_gb ({kcfg.prefetch_max_gb:g}) + 2 x kvstream."
+            f"staging_budget_mb ({kcfg.staging_budget_mb}) = {need:.1f} GB of LMCache's host "
+            f"memory, more than half of max_local_cpu_size ({host_gb:g} GB): allocations for "
+            "gets may fail (misses). Raise max_local_cpu_size or lower the two bounds."]
 
 
 def _nearest_existing(path: str) -> str:

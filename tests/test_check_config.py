@@ -77,3 +77,12 @@ def test_missing_file_and_console_script(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "kvstream_backend.cli", "check-config",
                         str(tmp_path / "none.yaml")], capture_output=True, text=True)
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_memory_bounds_that_do_not_fit_lmcache_host_memory_are_warned(tmp_path, tier_dirs,
+                                                                      capsys) -> None:
+    y = H.write_yaml(tmp_path / "mem.yaml", tier_dirs, prefetch_max_gb=4,
+                     staging_budget_mb=2048)  # max_local_cpu_size 0.5 GB in this YAML
+    assert main(["check-config", str(y)]) == 0
+    err = capsys.readouterr().err
+    assert "kvstream.prefetch_max_gb (4) + 2 x kvstream.staging_budget_mb" in err
