@@ -169,10 +169,13 @@ class Bench:
                    self.W.local_disk_backend(disk_dir, self.cap_gb), persistent=True),
         ]
         a, d = base[0], base[-1]
+        budget_mb = max(1, (self.D >> 20) // 2)  # half the backlog: the bound must act
         return base + [
-            Config(f"{c.name}+backlog", f"{c.desc}, with a write backlog = the step's reads",
-                   c.backend, backlog=len(self.idx), persistent=c.persistent, base=c.name)
-            for c in (a, d)
+            Config("kvstream+backlog", f"{a.desc}, a write backlog = the step's reads, staging "
+                   f"budget {budget_mb} MB", kv(t, claim_batch=m, staging_budget_mb=budget_mb),
+                   backlog=len(self.idx)),
+            Config("lmcache-disk+backlog", f"{d.desc}, a write backlog = the step's reads",
+                   d.backend, backlog=len(self.idx), persistent=True, base=d.name),
         ] + [
             Config(f"{c.name}+load", f"{c.desc}, next requests' lookups arriving mid-step",
                    c.backend, load=True, persistent=c.persistent, base=c.name)
@@ -213,16 +216,26 @@ class Bench:
             f"{len(results)} configurations")
         with Progress(console=self.console, transient=True) as prog:
             task = prog.add_task("writing", total=(S + 1) * len(results) + 2)
+            writes: dict[str, float] = {}
             for c in (configs[0], configs[6]):  # the step's and the next step's chunks
-                t0 = time.perf_counter()
                 sm = self._manager(c)
-                W.put(sm, self.shape, self.idx + self.next_idx)
+                keys, objs = W.chunks(sm, self.shape, self.idx + self.next_idx)
+                t0 = time.perf_counter()  # from the hand-off: filling the tensors is not I/O
+                sm.batched_put(keys, objs)
+                visible = W.wait_visible(sm, self.shape, self.idx + self.next_idx)
+                visible = None if visible is None else time.perf_counter() - t0
                 W.wait_puts(sm, self.shape, self.idx + self.next_idx)
+                done = time.perf_counter() - t0
+                writes[c.name] = done
+                if visible is not None:
+                    writes["kvstream-visible"] = visible
                 self.notes.append(f"{c.name}: wrote {2 * len(self.idx)} chunks "
-                                  f"({2 * D / GiB:.2f} GiB) to every tier in "
-                                  f"{time.perf_counter() - t0:.2f} s")
+                                  f"({2 * D / GiB:.2f} GiB) to every tier in {done:.2f} s"
+                                  + (f", all visible after {visible:.2f} s" if visible else ""))
                 self._release(c)
                 prog.advance(task)
+            for t in self.tiers:
+                writes[f"limit-{t['name']}"] = self._write_limit(t, limit_tool, 2 * D)
             # Every path measured here is O_DIRECT, so the page cache is dropped once, not
             # before each step: that would also evict torch's and LMCache's code, and the
             # timed lookups would page it back in from the very disk under test. Configs that
@@ -238,13 +251,18 @@ class Bench:
                     seq += c.backlog
                     if W.uses_page_cache(sm):
                         W.drop_caches()
+                    t_put: list[float] = []
+
+                    def backlog(sm: Any = sm, pending: list[int] = pending,
+                                t_put: list[float] = t_put) -> None:
+                        t_put.append(time.perf_counter())
+                        W.put(sm, self.shape, pending)
+
                     with _CpuMeter() as cpu:
                         # the backlog is put once the step's reads are in flight (vLLM: step
                         # N's saves arrive while step N+1's lookups have started its reads)
                         r = W.step(sm, self.shape, self.requests, verify=rnd < 0,
-                                   after_lookups=functools.partial(W.put, sm, self.shape,
-                                                                   pending)
-                                   if pending else None,
+                                   after_lookups=backlog if pending else None,
                                    between_gets=functools.partial(self._next_lookup, sm)
                                    if c.load else None)
                     if c.load:
@@ -254,6 +272,8 @@ class Bench:
                         _record(results[c.name], r, cpu)
                     if pending:  # replicated, then removed: the tiers do not fill up
                         W.wait_puts(sm, self.shape, pending)
+                        if rnd >= 0:  # until the backlog is on every tier, not only the reads
+                            results[c.name].backlog_s.append(time.perf_counter() - t_put[0])
                         W.remove(sm, self.shape, pending)
                     self._release(c)
                     prog.advance(task)
@@ -274,7 +294,18 @@ class Bench:
                         res.machine_cpu_s.append(cpu.machine_s)
                     prog.advance(task)
         return _report(list(results.values()), D, self.R, self.C, S, self.shape, self.tiers,
-                       self.notes, dropped, limit_tool)
+                       self.notes, dropped, limit_tool, writes)
+
+    def _write_limit(self, t: dict[str, Any], tool: str, size: int) -> float:
+        """Seconds the tier takes to write ``size`` bytes at its limit (apart from the engine;
+        an emulated tier's nominal write rate)."""
+        em = t.get("emulate") or {}
+        if em.get("write_mbps"):
+            return size / (float(em["write_mbps"]) * (1 << 20))
+        block, depth = min(4 << 20, self.shape.chunk_bytes), self.args.claim_batch * 2
+        mod = self.fio if tool == "fio" else self.plain
+        secs, nbytes = mod.write_file(t["path"], size, block, depth)
+        return secs * size / nbytes
 
     def _next_lookup(self, sm: Any, r: int) -> None:
         """After request ``r``'s get: the lookup of the next step's request ``r``."""
@@ -350,7 +381,7 @@ def _chunk_files(root: str, shape: Any, idx: list[int]) -> list[str]:
 
 def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: Any,
             tiers: list[dict[str, Any]], notes: list[str], dropped: bool,
-            limit_tool: str) -> BenchReport:
+            limit_tool: str, writes: dict[str, float]) -> BenchReport:
     """Derive each tier's limit b_k, the bound D/sum(b_k) and the targets."""
     by = {c.name: c for c in results}
     limits = []
@@ -399,6 +430,23 @@ def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: 
     infl_d = by["lmcache-disk+backlog"].median_s / d.median_s
     targets.append(Target("backlog inflation kvstream (vs lmcache-disk "
                           f"{infl_d:.2f})", infl_a, "< lmcache-disk's", infl_a < infl_d))
+    bl_a, bl_d = by["kvstream+backlog"], by["lmcache-disk+backlog"]
+    if bl_a.backlog_s and bl_d.backlog_s:
+        ta, td = statistics.median(bl_a.backlog_s), statistics.median(bl_d.backlog_s)
+        notes.append(f"backlog on every tier after {ta:.2f} s (kvstream, staging budget half "
+                     f"the backlog) and on disk after {td:.2f} s (lmcache-disk)")
+    wlim = [writes[f"limit-{t['name']}"] for t in tiers]  # seconds for 2D at each limit
+    rep_ratio = max(wlim) / writes["kvstream"]  # replicated: the slowest tier bounds it
+    targets.append(Target("replicated write bandwidth / slowest tier's write limit", rep_ratio,
+                          ">= 0.9", rep_ratio >= 0.9))
+    if "kvstream-visible" in writes:
+        vis = min(wlim) / writes["kvstream-visible"]  # visible: the fastest tier bounds it
+        targets.append(Target("visible write bandwidth / fastest tier's write limit", vis,
+                              ">= 0.8 (near)", vis >= 0.8))
+    notes.append("write limits for 2 steps' chunks (" + ", ".join(
+        f"{t['name']} {w:.2f} s" for t, w in zip(tiers, wlim, strict=True))
+        + f"): kvstream replicated in {writes['kvstream']:.2f} s, lmcache-disk wrote its one "
+        f"copy in {writes['lmcache-disk']:.2f} s")
     load_a = by["kvstream+load"].median_s / a.median_s
     load_d = by["lmcache-disk+load"].median_s / d.median_s
     targets.append(Target(f"load inflation kvstream (vs lmcache-disk {load_d:.2f})", load_a,

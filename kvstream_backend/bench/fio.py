@@ -35,3 +35,19 @@ def read_files(files: list[str], block: int, depth: int, workdir: str) -> tuple[
     if not job["io_bytes"] or not job["bw_bytes"]:
         raise RuntimeError(f"fio read nothing from {len(files)} files (block {block} bytes)")
     return job["io_bytes"] / job["bw_bytes"], int(job["io_bytes"])
+
+
+def write_file(workdir: str, size: int, block: int, depth: int) -> tuple[float, int]:
+    """Write ``size`` bytes to a new file in ``workdir`` with fio (io_uring, O_DIRECT), the
+    tier's write limit; return (seconds, bytes). The file is removed."""
+    with tempfile.TemporaryDirectory(prefix="fio-w-", dir=workdir) as d:
+        cmd = [
+            "fio", "--name=kvstream-write", "--rw=write", f"--bs={block}", "--direct=1",
+            "--ioengine=io_uring", f"--iodepth={depth}", "--output-format=json",
+            f"--size={size}", f"--filename={os.path.join(d, 'w')}", "--end_fsync=1",
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"fio failed: {out.stderr.strip()[-500:]}")
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]["write"]
+    return job["io_bytes"] / job["bw_bytes"], int(job["io_bytes"])

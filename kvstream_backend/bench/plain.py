@@ -43,3 +43,23 @@ def read_files(files: list[str], depth: int) -> tuple[float, int]:
         for b in bufs:
             b.release()
     return secs, total
+
+
+def write_file(workdir: str, size: int, block: int, depth: int) -> tuple[float, int]:
+    """Write ``size`` bytes to a new O_DIRECT file in ``workdir`` from ``depth`` threads;
+    return (seconds, bytes). The file is removed."""
+    buf = AlignedBuffer(block)
+    path = os.path.join(workdir, f".kvstream-write-limit-{os.getpid()}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+    try:
+        with ThreadPoolExecutor(max_workers=depth) as pool:
+            t0 = time.perf_counter()
+            total = sum(pool.map(lambda off: os.pwritev(fd, [buf.view], off),
+                                 range(0, size - size % block, block)))
+            os.fsync(fd)
+            secs = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+        buf.release()
+    return secs, total

@@ -30,6 +30,7 @@ class ConfigResult(msgspec.Struct):
     tier_samples: dict[str, list[tuple[int, float]]] = {}
     cpu_s: list[float] = []  # CPU seconds of the bench process per step
     machine_cpu_s: list[float] = []  # busy CPU seconds of the whole machine per step
+    backlog_s: list[float] = []  # from the backlog's put until it is on every tier
 
     @property
     def median_s(self) -> float:

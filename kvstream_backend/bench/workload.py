@@ -103,6 +103,12 @@ def location(sm: StorageManager) -> str:
 
 def put(sm: StorageManager, shape: Shape, idx: list[int]) -> None:
     """Store chunks through LMCache's batched_put (what ``wait_for_save`` does)."""
+    sm.batched_put(*chunks(sm, shape, idx))
+
+
+def chunks(sm: StorageManager, shape: Shape,
+           idx: list[int]) -> tuple[list[CacheEngineKey], list[Any]]:
+    """Keys and filled MemoryObjs for ``idx``, ready for ``batched_put``."""
     size = torch.Size([2, shape.layers, 256, shape.hidden])
     keys, objs = [], []
     for i in idx:
@@ -111,7 +117,7 @@ def put(sm: StorageManager, shape: Shape, idx: list[int]) -> None:
         fill(obj.tensor, i)
         keys.append(shape.key(i))
         objs.append(obj)
-    sm.batched_put(keys, objs)
+    return keys, objs
 
 
 def wait_puts(sm: StorageManager, shape: Shape, idx: list[int], timeout: float = 600) -> None:
@@ -127,6 +133,22 @@ def wait_puts(sm: StorageManager, shape: Shape, idx: list[int], timeout: float =
         if time.monotonic() > deadline:
             raise TimeoutError("LocalDiskBackend did not persist the chunks")
         time.sleep(0.01)
+
+
+def wait_visible(sm: StorageManager, shape: Shape, idx: list[int],
+                 timeout: float = 600) -> float | None:
+    """Seconds until every chunk has a first published copy (kvstream only; else None),
+    counted from the call; the puts were issued just before it."""
+    engine = getattr(sm.storage_backends[location(sm)], "engine", None)
+    if engine is None:
+        return None
+    t0 = time.perf_counter()
+    keys = [shape.key(i).to_string() for i in idx]
+    while not all(engine.lookup(k) is not None for k in keys):
+        if time.perf_counter() - t0 > timeout:
+            raise TimeoutError("kvstream did not publish the chunks")
+        time.sleep(0.005)
+    return time.perf_counter() - t0
 
 
 @dataclass
