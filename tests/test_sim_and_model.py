@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from kvstream_backend.cli import main
+from kvstream_backend.sim.cli import trace_path
 from kvstream_backend.sim.replay import Request, SimParams, reuse_distances, run, simulate
 
-TRACES = Path(os.environ.get("KVSTREAM_TRACES",
-                             Path(__file__).resolve().parents[2] / "shared" / "traces"))
-CONVERSATION = TRACES / "mooncake_conversation_trace.jsonl"
-needs_trace = pytest.mark.skipif(not CONVERSATION.exists(),
-                                 reason=f"trace not found at {CONVERSATION} (set KVSTREAM_TRACES)")
+# The Mooncake traces ship with the package (kvstream_backend/sim/traces, Apache-2.0).
+CONVERSATION = Path(trace_path("conversation"))
 
 
 def _model(capsys, *args: str) -> dict:
@@ -87,7 +84,6 @@ def test_kvstream_never_slower_than_the_best_static_split(jitter: float) -> None
     assert by["kvstream"].retrieval_s_total < by["first-tier"].retrieval_s_total
 
 
-@needs_trace
 def test_eq2_predicts_simulated_demand_on_the_conversation_trace() -> None:
     rep = run(str(CONVERSATION), "mooncake", [25, 50, 100, 200, 400], P, "trace")
     demand = [m.simulated_demand_bytes for m in rep.memory]
@@ -97,12 +93,11 @@ def test_eq2_predicts_simulated_demand_on_the_conversation_trace() -> None:
         assert m.predicted_demand_bytes == pytest.approx(m.simulated_demand_bytes, rel=0.1)
 
 
-@needs_trace
 def test_sim_cli_is_deterministic(tmp_path) -> None:
     outs = []
     for i in range(2):
         out = tmp_path / f"r{i}.json"
-        assert main(["sim", "--trace", str(CONVERSATION), "--kv-bytes-per-token", "65536",
+        assert main(["sim", "--kv-bytes-per-token", "65536",  # the bundled trace by default
                      "--host-mem-gb", "50,100,200", "--gpu-mem-gb", "10", "--tier-bw", "3,1",
                      "--bw-jitter", "0.3", "--order", "random", "--seed", "5", "--limit",
                      "3000", "--json", str(out)]) == 0

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from ..argtypes import floats as _floats
+
+TRACES = Path(__file__).resolve().parent / "traces"
+BUNDLED = {"conversation": "mooncake_conversation_trace.jsonl.gz",
+           "synthetic": "mooncake_synthetic_trace.jsonl.gz"}  # see traces/NOTICE.md
+
+
+def trace_path(name: str) -> str:
+    """A bundled trace's path by name, or ``name`` itself (a file)."""
+    return str(TRACES / BUNDLED[name]) if name in BUNDLED else name
 
 
 def add_sim_parser(sub: Any) -> None:
     p = sub.add_parser("sim", help="replay a request trace through the performance model",
                        description="Trace-driven simulator of KVStream's performance model "
                        "(see kvstream_backend/sim/replay.py for the model).")
-    p.add_argument("--trace", required=True)
+    p.add_argument("--trace", default="conversation",
+                   help="a trace file (.jsonl or .jsonl.gz), or the name of a bundled Mooncake "
+                   f"trace: {', '.join(BUNDLED)} (default: conversation)")
     p.add_argument("--format", choices=["mooncake", "simple"], default="mooncake")
     p.add_argument("--kv-bytes-per-token", type=int, required=True)
     p.add_argument("--host-mem-gb", type=_floats, required=True, help="M[,M2,...]")
@@ -51,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
                   args.bw_jitter, args.rate_scale, args.block_tokens, args.max_batch,
                   args.prefill_tokens_per_s, claim_batch=args.claim_batch, seed=args.seed)
     try:
-        rep = replay(args.trace, args.format, args.host_mem_gb, p, args.order, args.limit)
+        rep = replay(trace_path(args.trace), args.format, args.host_mem_gb, p, args.order,
+                     args.limit)
     except (OSError, ValueError) as e:
         err.print(f"[red]error:[/] {e}")
         return 2

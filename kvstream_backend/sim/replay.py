@@ -28,6 +28,7 @@ Model (README "kvstream sim" repeats it):
 from __future__ import annotations
 
 import collections
+import gzip
 import json
 import random
 import statistics
@@ -70,7 +71,7 @@ def load_trace(path: str, fmt: str, block_tokens: int) -> list[Request]:
     out: list[Request] = []
     dec_m = msgspec.json.Decoder(MooncakeRecord)
     dec_s = msgspec.json.Decoder(SimpleRecord)
-    with open(path, "rb") as f:
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
