@@ -87,6 +87,7 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     get_timeout_s: PositiveFloat = 60.0
     close_timeout_s: Annotated[float, Meta(ge=0)] = 20.0
     metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0
+    stats_file: str = ""  # where close() writes the engine's counters as JSON ("" = nowhere)
 
     @property
     def max_chunk_bytes(self) -> int:

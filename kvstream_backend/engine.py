@@ -25,10 +25,13 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
 import select
 import threading
 import time
 from collections.abc import Callable, Sequence
+
+import msgspec
 
 from . import format as fmt
 from .accounting import StepMeter
@@ -256,6 +259,19 @@ class Engine:
             if rt.worker is not None:
                 rt.worker.close(IO_DRAIN_S)
         self._waker.close()
+        if self.cfg.stats_file:
+            self._write_stats(self.cfg.stats_file)
+
+    def _write_stats(self, path: str) -> None:
+        """The final counters as JSON (written to a temp name, then renamed into place), for
+        whoever cannot ask the process: a vLLM worker process, a supervisor after SIGTERM."""
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(msgspec.json.encode(self.stats()))
+            os.replace(tmp, path)
+        except OSError as e:
+            log.error("kvstream: cannot write stats_file %s: %s", path, e)
 
     def _drop_staged(self) -> None:
         n = self._writer.drop_staged()

@@ -7,7 +7,11 @@ kv_role="kv_both", kv_load_failure_policy="recompute")`` (or ``"fail"``, vLLM's 
 the YAML in ``LMCACHE_CONFIG_FILE``; this needs the test connector's ``sitecustomize`` on
 PYTHONPATH. Without, it is the no-connector reference. vLLM's own prefix caching is off, so
 reuse can only come from LMCache. The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING
-=0``) so the report can include kvstream's own counters.
+=0``) so the report can include kvstream's own counters, and the process leaves hard.
+
+With ``--mp`` it runs as users do: vLLM's default multi-process engine, no flush by hand, the
+script ends after ``LLM.shutdown()``; the report then has no kvstream counters (they live in
+the worker process).
 """
 
 from __future__ import annotations
@@ -35,6 +39,17 @@ def main() -> None:
     with open(prompts_file) as f:
         prompts = json.load(f)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16))
+    if "--mp" in flags:  # as users run it: vLLM's engine process, shut down gracefully
+        report_mp = {
+            "texts": [o.outputs[0].text for o in outs],
+            "token_ids": [list(o.outputs[0].token_ids) for o in outs],
+            "num_cached_tokens": [o.num_cached_tokens for o in outs],
+        }
+        print("REPORT " + json.dumps(report_mp), flush=True)
+        shutdown = getattr(llm, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        return
     report: dict = {
         "texts": [o.outputs[0].text for o in outs],
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
@@ -58,7 +73,9 @@ def main() -> None:
     print("REPORT " + json.dumps(report), flush=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--mp" in sys.argv:
+    main()  # and exit as a user's script does: no flush by hand, no os._exit
+elif __name__ == "__main__":
     # vLLM's and LMCache's non-daemon threads can keep a process alive after the work (or an
     # exception) is done; the report is printed and kvstream flushed, so leave hard.
     try:

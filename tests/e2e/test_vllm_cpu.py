@@ -6,6 +6,7 @@ connector of ``kvstream_backend.testing`` (LMCache's own connectors need CUDA).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -57,7 +58,9 @@ def _yaml(path: Path, tiers: list[str]) -> Path:
 def _run(model: Path, prompts: Path, config: Path | None = None, *flags: str) -> dict:
     env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1",
            "VLLM_NO_USAGE_STATS": "1", "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if "--mp" not in flags:  # in-process engine, so the report can read kvstream's counters
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     args = [sys.executable, "-m", "tests.e2e.run_vllm", str(model), str(prompts)]
     if config is not None:
         env["LMCACHE_CONFIG_FILE"] = str(config)
@@ -127,3 +130,21 @@ def test_second_process_hits_what_the_first_wrote_on_a_shared_tier(
     assert all(n >= SHARED_TOKENS for n in b["num_cached_tokens"]), (
         b["num_cached_tokens"], b["kvstream"], b["log"][-3000:])
     assert b["kvstream"]["read_bytes"]["t0"] == 0 and b["kvstream"]["read_bytes"]["t1"] > 0
+
+
+def test_default_multiprocess_engine_shut_down_as_users_do_then_restarted(
+        tmp_path, model_dir, prompts_file, reference):
+    """vLLM's default engine (EngineCore and worker processes), no flush by hand, the script
+    simply ends (``LLM.shutdown()``): a new process then hits every prefix chunk the first
+    one stored, with identical outputs."""
+    cfg = _yaml(tmp_path / "mp.yaml", [str(tmp_path / "nvme"), str(tmp_path / "pfs")])
+    first = _run(model_dir, prompts_file, cfg, "--mp")
+    assert first["token_ids"] == reference["token_ids"]
+    chunks = [glob.glob(str(tmp_path / d / "kvs1" / "chunks" / "*" / "*" / "*.kvs"))
+              for d in ("nvme", "pfs")]
+    assert all(len(c) >= SHARED_TOKENS // 256 for c in chunks), [len(c) for c in chunks]
+    second = _run(model_dir, prompts_file, cfg, "--mp")
+    assert second["token_ids"] == reference["token_ids"], "KV from the tiers changed outputs"
+    assert all(n >= SHARED_TOKENS for n in second["num_cached_tokens"]), (
+        second["num_cached_tokens"], second["log"][-3000:])
+    assert second["log"].count(f"Retrieved {SHARED_TOKENS} out of {SHARED_TOKENS}") >= 1
