@@ -215,7 +215,7 @@ class Engine:
         return True
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every staged write is finished; False on timeout."""
+        """Wait until every staged write and queued repair is finished; False on timeout."""
         return self._wait(self._writer.quiet, timeout)
 
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -99,8 +99,12 @@ class Writer:
             return digest in self._writing
 
     def quiet(self) -> bool:
+        """No staged chunk unfinished and no repair queued or running (any thread: the repair
+        state is the loop's, read here without a lock, which at worst waits one more turn)."""
         with self._lock:
-            return not self._writing
+            if self._writing:
+                return False
+        return not self._repairs and not any(self._repairing)
 
     # ---- the completion loop ------------------------------------------------------------
     def enqueue(self, chunk: StagedChunk) -> None:
@@ -184,6 +188,7 @@ class Writer:
         """Give up every chunk and copy not issued yet (close ran out of time); a chunk that
         no tier holds misses later. Buffers are handed back (``on_done``)."""
         n = len(self._staged)
+        self._repairs.clear()  # re-made when the chunks are next read
         while self._staged:
             self._drop(self._staged.popleft())
         for q in self._queues:

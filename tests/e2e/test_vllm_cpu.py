@@ -129,7 +129,11 @@ def test_second_process_hits_what_the_first_wrote_on_a_shared_tier(
     assert a["token_ids"] == b["token_ids"] == reference["token_ids"]
     assert all(n >= SHARED_TOKENS for n in b["num_cached_tokens"]), (
         b["num_cached_tokens"], b["kvstream"], b["log"][-3000:])
-    assert b["kvstream"]["read_bytes"]["t0"] == 0 and b["kvstream"]["read_bytes"]["t1"] > 0
+    # b's own tier started empty: its hits came from the shared tier, which then copied the
+    # chunks it served back to b's tier (replication kept), so later reads may use either
+    assert b["kvstream"]["read_bytes"]["t1"] > 0
+    local = glob.glob(str(tmp_path / "b" / "kvs1" / "chunks" / "*" / "*" / "*.kvs"))
+    assert len(local) >= SHARED_TOKENS // 256, "the chunks b read were not copied to its tier"
 
 
 def test_default_multiprocess_engine_shut_down_as_users_do_then_restarted(
