@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from kvstream_backend.engine import Engine, ReadHandle
 from kvstream_backend.io.memory import AlignedBuffer
 from kvstream_backend.soak import payload  # deterministic, key-specific bytes
 
-__all__ = ["payload", "write_all", "read_all", "check_all"]
+__all__ = ["payload", "write_all", "read_all", "check_all", "eventually"]
 
 
 def write_all(engine: Engine, keys: list[str], size: int, timeout: float = 120) -> None:
@@ -37,3 +39,13 @@ def check_all(engine: Engine, keys: list[str], size: int, timeout: float = 60) -
         assert buf is not None, f"{h.key}: miss ({h.reason})"
         assert bytes(buf.view[:size]) == payload(h.key, size), f"{h.key}: wrong bytes"
         buf.release()
+
+
+def eventually(pred, timeout: float = 10.0) -> bool:
+    """Poll ``pred`` until it holds or ``timeout`` passes; its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()

@@ -16,6 +16,7 @@ from kvstream_backend.io.memory import AlignedBuffer
 
 from .conftest import engine_config, requires_uring
 from .helpers import check_all, payload, read_all, write_all
+from .helpers import eventually as _eventually
 
 KB = 1024
 
@@ -23,14 +24,6 @@ KB = 1024
 def _files(root: str, pattern: str = "*.kvs") -> list[str]:
     return glob.glob(os.path.join(root, "kvs1", "**", pattern), recursive=True)
 
-
-def _eventually(pred, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 @pytest.mark.parametrize("io,direct", [pytest.param("uring", "on", marks=requires_uring),

@@ -20,6 +20,7 @@ from kvstream_backend import KVStreamBackend
 from kvstream_backend.config import ConfigError
 
 from . import lmcache_helpers as H
+from .helpers import eventually as _eventually
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -165,14 +166,6 @@ def test_lookups_of_a_step_are_pooled_and_read_once(tmp_path, tier_dirs, sms):
     assert after.chunks_read == pooled.chunks_read, "a get read a chunk again"
     assert H.active_allocations(sm) == 0
 
-
-def _eventually(pred, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 def test_prefetch_is_bounded_and_released_on_unpin(tmp_path, tier_dirs, sms):
