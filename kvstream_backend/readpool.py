@@ -35,10 +35,6 @@ ALLOC_RETRY_S = 0.02
 NOT_THE_TIER = frozenset({errno.EAGAIN, errno.EFAULT})
 
 
-def _errname(code: int) -> str:
-    return errno.errorcode.get(code, f"errno{code}")
-
-
 class ReadPool:
     def __init__(self, cfg: KVStreamConfig, tiers: list[TierRuntime], slab: SlabPool,
                  steps: StepMeter, tier_down: Callable[[int, str], None],
@@ -185,7 +181,7 @@ class ReadPool:
         if job.primary:
             self._primary_busy.discard(rid)
         won = dead = False
-        why = job.reason or (_errname(job.errno) if job.errno else "lost")
+        why = job.reason or (files.errname(job.errno) if job.errno else "lost")
         if job.ok:
             won = self.router.complete(job.tier, rid)
         else:
@@ -255,7 +251,3 @@ class ReadPool:
     @property
     def held_bytes(self) -> int:
         return self._held_bytes
-
-    def quiet(self) -> bool:
-        """No demanded chunk unresolved and no read in flight."""
-        return not self.router.busy()

@@ -167,9 +167,6 @@ class ClaimRouter:
         """True while a demanded chunk is unresolved or any read is in flight."""
         return self._unresolved > 0 or any(self._outstanding)
 
-    def resolved(self) -> bool:
-        return not self.busy()
-
     def step_done(self) -> bool:
         return self._unresolved == 0
 

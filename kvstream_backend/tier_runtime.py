@@ -27,9 +27,8 @@ class TierRuntime:
     """A tier and its mechanism. ``worker`` is None while the tier has never been opened (its
     root was missing at start); :meth:`start` creates it once a probe succeeds."""
 
-    def __init__(self, index: int, tier: Tier, path: IoPath,
+    def __init__(self, tier: Tier, path: IoPath,
                  make_worker: Callable[[IoPath], TierWorker]) -> None:
-        self.index = index
         self.tier = tier
         self.path = path
         self.worker: TierWorker | None = None
@@ -86,7 +85,7 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
     except FileNotFoundError:
         log.error("kvstream tier %s: root %s is missing; the tier is DOWN until it appears "
                   "(it is never created)", tc.name, tier.root)
-        rt = TierRuntime(index, tier, IoPath("threads", False, "tier root missing"),
+        rt = TierRuntime(tier, IoPath("threads", False, "tier root missing"),
                          make_worker)
         tier.mark_down("tier root missing")
         return rt
@@ -94,7 +93,7 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
     log.info("kvstream tier %s (%s): io=%s direct=%s (%s); %s%s", tc.name, tier.root, path.kind,
              path.direct, path.reason, path.inline_issue,
              " EMULATED bandwidth" if tc.emulate else "")
-    rt = TierRuntime(index, tier, path, make_worker)
+    rt = TierRuntime(tier, path, make_worker)
     rt.start(path)
     return rt
 

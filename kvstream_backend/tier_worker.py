@@ -115,7 +115,6 @@ class TierWorker:
     def __init__(self, index: int, tier: Tier, direct: bool, cfg: KVStreamConfig,
                  make_queues: Callable[[Waker], tuple[IoQueue, IoQueue]],
                  deliver: Callable[[Job], None], evictable: Callable[[bytes], bool]) -> None:
-        self.index = index
         self.tier = tier
         self.direct = direct
         self._cfg = cfg
@@ -332,10 +331,9 @@ class TierWorker:
                 try:
                     job.moved = files.copy(src, dst, size, COPY_BLOCK)
                 finally:
-                    if files.close(dst, drop_pages=True) and not job.errno:
-                        raise OSError(errno.EIO, "close failed")
-                if job.moved != size:
-                    raise OSError(errno.EIO, f"short copy: {job.moved} of {size} bytes")
+                    close_err = files.close(dst, drop_pages=True)
+                if close_err or job.moved != size:
+                    raise OSError(close_err or errno.EIO, f"copied {job.moved} of {size} bytes")
                 files.publish(tmp, self.tier.ensure_parent(job.digest))
                 tmp = ""
                 self.tier.commit(job.digest, size, None)

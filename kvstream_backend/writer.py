@@ -32,6 +32,7 @@ from . import format as fmt
 from .accounting import StepMeter
 from .config import KVStreamConfig
 from .handles import Buffer, _safe, payload_view
+from .io import files
 from .io.memory import SlabPool
 from .tier_runtime import TierRuntime
 from .tier_worker import RepairJob, WriteJob
@@ -143,7 +144,7 @@ class Writer:
             rt.meter.repaired += 1
             rt.meter.write_bytes += job.moved
         elif job.errno:
-            rt.meter.error(errno.errorcode.get(job.errno, f"errno{job.errno}"))
+            rt.meter.error(files.errname(job.errno))
             self._tier_down(job.tier, f"repair: {os.strerror(job.errno)}")
 
     def pump(self, reads_busy: bool) -> None:
@@ -245,7 +246,7 @@ class Writer:
         if job.ok:
             rt.meter.write_bytes += job.moved
         elif job.errno:
-            rt.meter.error(errno.errorcode.get(job.errno, f"errno{job.errno}"))
+            rt.meter.error(files.errname(job.errno))
             if job.errno != errno.EFAULT:  # EFAULT is the buffer's fault, never the tier's
                 self._tier_down(job.tier, f"write: {os.strerror(job.errno)}")
         if job.ok and not chunk.published:

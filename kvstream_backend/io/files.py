@@ -125,5 +125,10 @@ def unlink_quiet(path: str) -> None:
         os.unlink(path)
 
 
+def errname(code: int) -> str:
+    """``ENOENT`` for 2: the name counters and logs use for an errno."""
+    return errno.errorcode.get(code, f"errno{code}")
+
+
 # errno values that mean "this file is gone or is not ours", as opposed to "the tier is sick".
 FILE_LEVEL_ERRNOS = frozenset({errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR})
