@@ -90,9 +90,9 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
         tier.mark_down("tier root missing")
         return rt
     path = probe(tier.tmp_dir, tc.io, tc.direct, cfg.file_mode)
-    log.info("kvstream tier %s (%s): io=%s direct=%s (%s); %s%s", tc.name, tier.root, path.kind,
-             path.direct, path.reason, path.inline_issue,
-             " EMULATED bandwidth" if tc.emulate else "")
+    log.info("kvstream tier %s (%s): capacity %.1f GB, io=%s direct=%s (%s); %s%s", tc.name,
+             tier.root, tc.capacity_bytes / 2**30, path.kind, path.direct, path.reason,
+             path.inline_issue, " EMULATED bandwidth" if tc.emulate else "")
     rt = TierRuntime(tier, path, make_worker)
     rt.start(path)
     return rt

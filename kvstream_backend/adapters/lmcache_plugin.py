@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -46,7 +47,9 @@ from ..engine import ChunkInfo, Engine, ReadHandle
 
 log = init_logger("kvstream")
 
-PREFETCH_RECORDS = 1 << 16  # lookup hits waiting for a get (a few hundred bytes each)
+# Lookup hits waiting for a get (a few hundred bytes each). Registering one costs no buffer
+# (it comes when a tier claims the chunk), so far more can wait than prefetch_max_gb holds.
+PREFETCH_RECORDS = 1 << 16
 
 
 class ChunkMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -181,9 +184,6 @@ class KVStreamBackend(StoragePluginInterface):
             _close_first(local_cpu_backend, self.close)
         self._lock = threading.Lock()
         self._prefetch: dict[CacheEngineKey, ReadHandle] = {}
-        # Registering a prefetch costs no buffer (it comes when a tier claims the chunk), so
-        # far more can wait than prefetch_max_gb holds; this bounds the bookkeeping.
-        self._prefetch_cap = PREFETCH_RECORDS
         # Async loading: the keys each lookup id pinned, with the time their pins expire.
         # LMCache 0.5.6 never unpins plugins in that mode (``lookup_unpin`` only calls
         # ``cleanup_memory_objs``, cache_engine.py ~1573), so kvstream releases a lookup's pins
@@ -194,9 +194,6 @@ class KVStreamBackend(StoragePluginInterface):
             from ..metrics import serve
 
             serve(self.engine, self.cfg.metrics_port)
-        for t in self.engine.stats().tiers:
-            log.info("kvstream tier %s: %s io=%s direct=%s capacity=%.1f GB%s", t.name, t.path,
-                     t.io, t.direct, t.capacity_bytes / 2**30, " (EMULATED)" if t.emulated else "")
 
     def __str__(self) -> str:
         return "KVStreamBackend"
@@ -257,8 +254,9 @@ class KVStreamBackend(StoragePluginInterface):
 
     def _expire_lookups(self) -> None:
         now = time.monotonic()
-        with self._lock:
-            stale = [i for i, (deadline, _) in self._by_lookup.items() if deadline < now]
+        with self._lock:  # entries are in deadline order: only the stale front is looked at
+            stale = list(itertools.takewhile(lambda i: self._by_lookup[i][0] < now,
+                                             self._by_lookup))
         for i in stale:
             for k in self._release_lookup(i):
                 self._drop_prefetch(k)
@@ -316,7 +314,7 @@ class KVStreamBackend(StoragePluginInterface):
                 if key in self._prefetch:
                     continue
                 alloc = self._allocator(info)
-                if alloc is None or len(self._prefetch) + len(reqs) >= self._prefetch_cap:
+                if alloc is None or len(self._prefetch) + len(reqs) >= PREFETCH_RECORDS:
                     break
                 reqs.append((key.to_string(), info, None, alloc))
                 keys.append(key)
@@ -337,8 +335,12 @@ class KVStreamBackend(StoragePluginInterface):
         and release async lookups that no get or cancel followed."""
         self._expire_lookups()
         now = time.monotonic()
+        # Registered in deadline order (all under the lock, one timeout), and a prefetch is
+        # abandoned only once popped from here or past its deadline: the stale ones are a
+        # prefix, so a lookup never scans the whole table.
         with self._lock:
-            stale = [k for k, h in self._prefetch.items() if h.abandoned or h.deadline < now]
+            stale = list(itertools.takewhile(lambda k: self._prefetch[k].deadline < now,
+                                             self._prefetch))
         for k in stale:
             self._drop_prefetch(k)
 
@@ -453,9 +455,5 @@ class KVStreamBackend(StoragePluginInterface):
             keys = list(self._prefetch)
         for k in keys:
             self._drop_prefetch(k)
-        self.engine.close()
-        st = self.engine.stats()
-        if st.writes_dropped:
-            log.warning("kvstream: %d staged chunks were not written before shutdown",
-                        st.writes_dropped)
+        self.engine.close()  # logs the staged chunks it had to drop, if any
         logging.getLogger("kvstream").info("kvstream: closed")
