@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# SGLang with its LMCache integration (in-process, layerwise) and kvstream (GPU machine).
+# SGLang 0.5.23 with LMCache's multi-process server and kvstream as that server's L2 adapter
+# (GPU machine).
 #   examples/sglang_serve.sh Qwen/Qwen2.5-7B-Instruct
-# SGLang's integration reads LMCACHE_CONFIG_FILE; kvstream serves the layerwise keys it uses
-# through batched_async_contains / batched_get_non_blocking.
+# SGLang reaches LMCache only through `lmcache server`; kvstream is ONE adapter owning all its
+# tiers (edit the tier paths in l2-adapter-kvstream.json). Stopping this script stops both.
 set -euo pipefail
 MODEL=${1:?usage: $0 MODEL}
 HERE=$(cd "$(dirname "$0")" && pwd)
-export LMCACHE_CONFIG_FILE=${LMCACHE_CONFIG_FILE:-$HERE/lmcache-kvstream.yaml}
 export LMCACHE_TRACK_USAGE=false
-kvstream check-config "$LMCACHE_CONFIG_FILE"
-exec python -m sglang.launch_server --model-path "$MODEL" --enable-lmcache
+lmcache server --host 127.0.0.1 --port 5556 --l1-size-gb "${L1_GB:-16}" --eviction-policy LRU \
+  --l2-adapter "$(cat "$HERE/l2-adapter-kvstream.json")" &
+SERVER=$!
+trap 'kill -TERM $SERVER; wait $SERVER' EXIT
+python -m sglang.launch_server --model-path "$MODEL" --enable-lmcache \
+  --lmcache-config-file "$HERE/sglang-mp.yaml"

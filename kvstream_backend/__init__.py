@@ -1,7 +1,9 @@
 """kvstream-backend: read spilled prefix KV from several storage tiers at once (KVStream).
 
-``KVStreamBackend`` (the LMCache storage plugin) is imported lazily so that the engine, the
-policy modules and the CLI do not import LMCache.
+The LMCache entry points are imported lazily, so that the engine, the policy modules and the CLI
+do not import LMCache: ``KVStreamBackend`` (the storage plugin of LMCache's in-process engine)
+and ``KVStreamL2Adapter`` with its ``KVStreamL2AdapterConfig`` (an L2 adapter of the
+multi-process ``lmcache server``).
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["KVStreamBackend", "__version__"]
+__all__ = ["KVStreamBackend", "KVStreamL2Adapter", "KVStreamL2AdapterConfig", "__version__"]
 
 if TYPE_CHECKING:
+    from .adapters.l2_adapter import KVStreamL2Adapter, KVStreamL2AdapterConfig
     from .adapters.lmcache_plugin import KVStreamBackend
 
 
@@ -20,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from .adapters.lmcache_plugin import KVStreamBackend
 
         return KVStreamBackend
+    if name in ("KVStreamL2Adapter", "KVStreamL2AdapterConfig"):
+        from .adapters import l2_adapter
+
+        return getattr(l2_adapter, name)
     raise AttributeError(name)

@@ -23,7 +23,8 @@ Fraction = Annotated[float, Meta(ge=0, le=1)]
 
 
 class ConfigError(ValueError):
-    """A ``kvstream.*`` key is missing, unknown or has a bad value; the message names it."""
+    """A ``kvstream.*`` key (or an L2 adapter's ``adapter_params`` key) is missing, unknown or
+    has a bad value; the message names it."""
 
 
 class EmulateConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -101,8 +102,8 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 _PATH_RE = re.compile(r"at `\$(?P<path>[^`]*)`")
 
 
-def _key_from_msgspec(err: msgspec.ValidationError) -> str:
-    """Translate msgspec's ``$.tiers[0].path`` into ``kvstream.tiers[0].path``."""
+def _key_from_msgspec(err: msgspec.ValidationError, label: str) -> str:
+    """Translate msgspec's ``$.tiers[0].path`` into ``<label>.tiers[0].path``."""
     msg = str(err)
     unknown = re.search(r"unknown field `(?P<f>[^`]+)`", msg)
     m = _PATH_RE.search(msg)
@@ -112,7 +113,7 @@ def _key_from_msgspec(err: msgspec.ValidationError) -> str:
     missing = re.search(r"missing required field `(?P<f>[^`]+)`", msg)
     if missing:
         path = f"{path}.{missing.group('f')}"
-    return "kvstream" + (path if path.startswith((".", "[")) else f".{path}" if path else "")
+    return label + (path if path.startswith((".", "[")) else f".{path}" if path else "")
 
 
 def parse_config(
@@ -128,34 +129,47 @@ def parse_config(
     for k, v in (extra_config or {}).items():
         if k.startswith(PREFIX):
             raw[k[len(PREFIX) :]] = v
+    return _decode(raw, "kvstream", check_paths)
+
+
+def parse_params(params: dict[str, Any], *, label: str = "adapter_params") -> KVStreamConfig:
+    """Decode the same keys without the prefix (an L2 adapter's ``adapter_params``); errors
+    name ``<label>.<key>``. Tier roots are never created here (a missing one is a tier down)."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"{label}: expected a mapping of kvstream options, got "
+                          f"{type(params).__name__}")
+    return _decode(dict(params), label, check_paths=False)
+
+
+def _decode(raw: dict[str, Any], label: str, check_paths: bool) -> KVStreamConfig:
     if "tiers" not in raw:
-        raise ConfigError("kvstream.tiers is required: a list of {name, path, max_size_gb}")
+        raise ConfigError(f"{label}.tiers is required: a list of {{name, path, max_size_gb}}")
     if isinstance(raw["tiers"], str):
         try:
             raw["tiers"] = json.loads(raw["tiers"])
         except json.JSONDecodeError as e:
-            raise ConfigError(f"kvstream.tiers: not valid JSON ({e})") from None
+            raise ConfigError(f"{label}.tiers: not valid JSON ({e})") from None
     try:
         cfg = msgspec.convert(raw, KVStreamConfig, strict=False)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{_key_from_msgspec(e)}: {e}") from None
-    _check_semantics(cfg, check_paths)
+        raise ConfigError(f"{_key_from_msgspec(e, label)}: {e}") from None
+    _check_semantics(cfg, label, check_paths)
     return cfg
 
 
-def _check_semantics(cfg: KVStreamConfig, check_paths: bool) -> None:
+def _check_semantics(cfg: KVStreamConfig, label: str, check_paths: bool) -> None:
     if cfg.static_split is not None and len(cfg.tiers) != 2:
-        raise ConfigError("kvstream.static_split: a static split needs exactly two tiers")
+        raise ConfigError(f"{label}.static_split: a static split needs exactly two tiers")
     if cfg.claim_batch * cfg.claim_depth > cfg.read_queue_depth:
         raise ConfigError(
-            f"kvstream.claim_batch: {cfg.claim_batch} x kvstream.claim_depth "
-            f"{cfg.claim_depth} exceeds kvstream.read_queue_depth ({cfg.read_queue_depth}); "
+            f"{label}.claim_batch: {cfg.claim_batch} x {label}.claim_depth "
+            f"{cfg.claim_depth} exceeds {label}.read_queue_depth ({cfg.read_queue_depth}); "
             "the claims a tier keeps in flight must fit in its read queue"
         )
     names: set[str] = set()
     roots: list[tuple[int, str]] = []
     for i, t in enumerate(cfg.tiers):
-        key = f"kvstream.tiers[{i}]"
+        key = f"{label}.tiers[{i}]"
         if t.name in names:
             raise ConfigError(f"{key}.name: duplicate tier name {t.name!r}")
         names.add(t.name)
@@ -165,7 +179,7 @@ def _check_semantics(cfg: KVStreamConfig, check_paths: bool) -> None:
         for j, other in roots:
             if real == other or real.startswith(other + os.sep) or other.startswith(real + os.sep):
                 raise ConfigError(
-                    f"{key}.path: {t.path!r} overlaps kvstream.tiers[{j}].path; tiers need "
+                    f"{key}.path: {t.path!r} overlaps {label}.tiers[{j}].path; tiers need "
                     "disjoint directories"
                 )
         roots.append((i, real))

@@ -21,7 +21,6 @@ import heapq
 import os
 from collections.abc import Callable, Iterable
 
-from . import format as fmt
 from .accounting import StepMeter
 from .config import KVStreamConfig
 from .handles import ReadHandle
@@ -158,7 +157,7 @@ class ReadPool:
                 h.buffer = buf
                 if not h.demanded:
                     self._hold(rid, plen)
-        if buf.capacity < (fmt.padded(plen) if rt.direct else plen):
+        if buf.capacity < plen:  # (an unaligned one is bounced by the tier worker)
             if not primary:
                 buf.release()
                 self.router.abandon(ti, rid)

@@ -12,11 +12,16 @@ once through the ``deliver`` callback given at construction (called on this thre
 only hand off), with ``errno``/``reason``/``moved`` set. :meth:`close` finishes what was queued
 and stops the thread. Emulated bandwidth (``emulate``) is applied here, by holding a finished
 job back until the emulated device would have finished it.
+
+O_DIRECT needs page-aligned memory. A caller's buffer that is not (an L1 pool configured with
+``--l1-align-bytes`` below 4096, a MemoryObj without padding) goes through a page-aligned
+bounce buffer here, on this thread: a copy, never an ``EINVAL`` that would mark the tier down.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import errno
 import heapq
 import logging
@@ -31,6 +36,7 @@ from .config import KVStreamConfig
 from .emulate import Throttle
 from .handles import Buffer, ReadHandle, payload_view
 from .io import files
+from .io.memory import AlignedBuffer
 from .io.ops import IoOp, IoQueue, Waker
 from .tier import Tier
 
@@ -41,7 +47,7 @@ class ReadJob:
     """One read of one chunk copy from one tier (a primary read or a hedge)."""
 
     __slots__ = ("tier", "rid", "handle", "buf", "primary", "hdr", "errno", "reason", "moved",
-                 "t_start")
+                 "t_start", "bounce")
 
     def __init__(self, tier: int, rid: int, handle: ReadHandle, buf: Buffer, primary: bool,
                  hdr: tuple[int, memoryview], t_start: float) -> None:
@@ -55,6 +61,7 @@ class ReadJob:
         self.reason = ""  # a corruption tag ("bad-payload-checksum", ...) if the copy is bad
         self.moved = 0
         self.t_start = t_start
+        self.bounce: AlignedBuffer | None = None  # read here, then copied into ``buf``
 
     @property
     def ok(self) -> bool:
@@ -65,7 +72,7 @@ class WriteJob:
     """One tier's copy of one staged chunk: reserve, write a temp file, publish it."""
 
     __slots__ = ("tier", "chunk", "digest", "hdr_addr", "buf_addr", "n", "size", "header",
-                 "errno", "reason", "moved", "published")
+                 "errno", "reason", "moved", "published", "bounce")
 
     def __init__(self, tier: int, chunk: object, digest: bytes, hdr_addr: int, buf_addr: int,
                  n: int, header: fmt.Header) -> None:
@@ -81,6 +88,7 @@ class WriteJob:
         self.reason = ""  # "capacity" when the tier could not make room
         self.moved = 0
         self.published = False  # this call published the file (False: another writer won)
+        self.bounce: AlignedBuffer | None = None  # an aligned copy of the payload, if needed
 
     @property
     def ok(self) -> bool:
@@ -227,8 +235,11 @@ class TierWorker:
             self._read_failed(job, e.errno or errno.EIO)
             self._done(job)
             return
-        self._submit(IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), (job.buf.addr, need)], 0, False,
-                          job))
+        addr = job.buf.addr
+        if self.direct and (addr % fmt.ALIGN or job.buf.capacity < need):
+            job.bounce = AlignedBuffer(need)
+            addr = job.bounce.addr
+        self._submit(IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), (addr, need)], 0, False, job))
 
     def _reaped(self, op: IoOp, throttle: Throttle | None) -> None:
         err = files.close(op.fd, drop_pages=not self.direct)
@@ -262,11 +273,17 @@ class TierWorker:
                 header = fmt.decode_header(job.hdr[1], info.digest, self._cfg.max_chunk_bytes)
                 if header.payload_len != info.payload_len:
                     raise fmt.CorruptChunk("length-mismatch")
+                src = job.bounce.addr if job.bounce is not None else job.buf.addr
                 if self._cfg.verify_checksums:
-                    fmt.verify_payload(header, payload_view(job.buf.addr, info.payload_len))
+                    fmt.verify_payload(header, payload_view(src, info.payload_len))
+                if job.bounce is not None:
+                    ctypes.memmove(job.buf.addr, src, info.payload_len)
             except fmt.CorruptChunk as e:
                 job.reason = e.reason
                 self.tier.quarantine(info.digest, e.reason)
+        if job.bounce is not None:
+            job.bounce.release()
+            job.bounce = None
         self._done(job)
 
     def _read_failed(self, job: ReadJob, code: int) -> None:
@@ -290,12 +307,20 @@ class TierWorker:
             job.errno = e.errno or errno.EIO
             self._done(job)
             return
-        op = IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (job.buf_addr, job.n)], 0, True,
-                  (job, tmp))
+        addr, n = job.buf_addr, job.n
+        if self.direct and (addr % fmt.ALIGN or n % fmt.ALIGN):
+            plen = job.header.payload_len
+            job.bounce = AlignedBuffer(plen)  # zero-filled past the payload
+            ctypes.memmove(job.bounce.addr, addr, plen)
+            addr, n = job.bounce.addr, job.bounce.capacity
+        op = IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (addr, n)], 0, True, (job, tmp))
         self._submit(op)
 
     def _finish_write(self, op: IoOp) -> None:
         job, tmp = op.ctx
+        if job.bounce is not None:
+            job.bounce.release()
+            job.bounce = None
         if op.result == op.length:
             try:
                 job.published = files.publish(tmp, self.tier.ensure_parent(job.digest))

@@ -9,7 +9,8 @@ memory held by unfinished chunks exceeds ``staging_budget_mb``: then (1) writes 
 reads (counted as overlap), (2) queued copies of chunks already visible on another tier are
 shed (counted; the repairs below re-make them when the chunk is read), and (3) past twice the
 budget the oldest chunks not yet written anywhere are dropped (counted; LMCache recomputes
-them). The forward thread never blocks. Each copy is one
+them). While every tier is down, staged chunks are dropped at once rather than held (their
+buffers are LMCache's, and an outage can last). The forward thread never blocks. Each copy is one
 :class:`~kvstream_backend.tier_worker.WriteJob` on its tier's worker. ``on_published(key)``
 fires when the first copy is visible, ``on_done()`` when every copy is finished; the chunk's
 buffer must stay valid until then.
@@ -166,8 +167,9 @@ class Writer:
         for ti, q in enumerate(self._queues):
             while q and self._inflight[ti] < depth:
                 self._issue(ti, q.popleft())
-        while self.held_bytes > 2 * budget and self._staged:
-            self._drop(self._staged.popleft())
+        while self._staged and (self.held_bytes > 2 * budget
+                                or not any(rt.tier.up for rt in self._tiers)):
+            self._drop(self._staged.popleft())  # no tier can take it: hand the buffer back
         if not reads_busy and not self._staged and not any(self._queues) and self._repairs:
             self._pump_repairs()
 
@@ -212,9 +214,6 @@ class Writer:
         for ti, rt in enumerate(self._tiers):
             if not rt.tier.up or rt.tier.has(chunk.digest):
                 continue  # every healthy tier that lacks the chunk gets it
-            if chunk.n != padded and rt.direct:
-                rt.meter.error("unaligned-buffer")
-                continue
             self._queues[ti].append(chunk)
             chunk.pending += 1
         if chunk.pending == 0:
