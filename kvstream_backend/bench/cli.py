@@ -52,6 +52,16 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="per-tier bandwidth and gap per config")
     p.add_argument("--keep", action="store_true", help="keep the tier directories")
+    g = p.add_argument_group("GPU (kvstream bench --gpu: LMCache's CUDA connector, cuda:0)")
+    g.add_argument("--gpu", action="store_true",
+                   help="measure the step through LMCache's paged GPU connector instead "
+                   "(refuses without CUDA); --requests, --workdir and --json apply")
+    g.add_argument("--gpu-shape", default="32,8,128,16", metavar="L,H,D,BS",
+                   help="layers, KV heads, head dim, block size (default: Llama-3.1-8B)")
+    g.add_argument("--gpu-tokens", type=int, default=4096, help="tokens per request")
+    g.add_argument("--gpu-rounds", type=int, default=2, help="interleaved rounds")
+    g.add_argument("--gpu-iters", type=int, default=2, help="steps per configuration and round")
+    g.add_argument("--gpu-shm", default="/dev/shm", help="where the memory tier is created")
     p.set_defaults(func=run)
 
 
@@ -79,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("lmcache", "kvstream"):
         logging.getLogger(name).setLevel(logging.ERROR)
     console = Console()
+    if args.gpu:
+        from .gpu import run_gpu
+
+        return run_gpu(args, console)
     try:
         bench = Bench(args, console)
         parse_config({"kvstream.tiers": bench.tiers})

@@ -50,8 +50,11 @@ _BINDING_CHECK = (
 @functools.cache
 def binding_usable() -> tuple[bool, str]:
     """Whether the ``liburing`` binding can set up a ring here, tried in a child process."""
+    # isolated (-I: no cwd, no environment), but with this process's import path, so a binding
+    # installed through PYTHONPATH or --target is found exactly as the engine will find it
+    check = f"import sys; sys.path[:] = {sys.path!r}\n{_BINDING_CHECK}"
     try:
-        p = subprocess.run([sys.executable, "-I", "-c", _BINDING_CHECK], capture_output=True,
+        p = subprocess.run([sys.executable, "-I", "-c", check], capture_output=True,
                            timeout=60, text=True)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"liburing check could not run: {e}"

@@ -1,0 +1,308 @@
+"""``kvstream bench --gpu``: the step through LMCache's CUDA connector, every configuration in
+one run, interleaved round by round, each retrieve in a fresh process (page cache dropped first
+where the machine allows it). See :mod:`kvstream_backend.bench.gpu_worker` for one phase.
+
+Configurations: ``kvstream`` (disk + /dev/shm), ``kvstream-disk`` and ``kvstream-shm`` (one
+tier each), ``static-0.5``/``static-0.7`` (fixed splits), ``kvstream-emu`` (the /dev/shm tier
+throttled to half the disk's bandwidth measured in the same round), ``lmcache-disk``
+(LocalDiskBackend, O_DIRECT) and ``lmcache-cpu`` (LocalCPUBackend, hot: the host->GPU ceiling
+of this LMCache build). Per configuration: the step (lookups to the last retrieve), the storage
+read (lookups to the last chunk delivered; kvstream only) and the host->GPU time (the sum of
+LMCache's ``batched_to_gpu`` calls), with a per-request timeline in the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from .gpu_worker import DRY, Phase, Shape
+
+GB = 1e9
+
+
+class GpuConfig(msgspec.Struct):
+    name: str
+    step_s: list[float] = []
+    storage_s: list[float] = []
+    h2d_s: list[float] = []
+    identical: list[bool] = []
+    timelines: list[dict] = []
+    kvstream_steps: list[list[dict]] = []
+    errors: list[str] = []
+    io: list[str] = []  # per kvstream tier: "name io direct (reason)"
+
+
+class GpuTarget(msgspec.Struct):
+    name: str
+    value: float
+    goal: str
+    met: bool
+
+
+class GpuReport(msgspec.Struct):
+    machine: dict[str, str]
+    shape: Shape
+    step_bytes: int
+    rounds: int
+    dry_run: bool
+    configs: list[GpuConfig]
+    targets: list[GpuTarget]
+    notes: list[str]
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+class GpuBench:
+    def __init__(self, args: Any, console: Any) -> None:
+        self.console = console
+        L, H, D, BS = (int(x) for x in args.gpu_shape.split(","))
+        self.shape = Shape(L, H, D, BS, args.requests or 8, args.gpu_tokens)
+        self.rounds = args.gpu_rounds
+        self.iters = args.gpu_iters
+        self.work = os.path.join(args.workdir, "kvstream-gpu-bench")
+        self.disk = os.path.join(self.work, "tier-disk")
+        self.shm = os.path.join(args.gpu_shm, "kvstream-gpu-bench")
+        self.lmc = os.path.join(self.work, "lmcache-disk")
+        self.json: str | None = args.json
+        self.results: dict[str, GpuConfig] = {}
+        self.notes: list[str] = []
+
+    # ---- LMCache configurations ----------------------------------------------------------
+    def _base(self, local_cpu: bool = False) -> dict[str, Any]:
+        gb = self.shape.step_bytes / (1 << 30)
+        return {"chunk_size": self.shape.chunk, "local_cpu": local_cpu,
+                "max_local_cpu_size": round(2 * gb + 1, 1),
+                "lmcache_instance_id": "kvstream-bench"}
+
+    def _kvstream(self, tiers: list[dict], **opts: Any) -> dict[str, Any]:
+        cap = round(2 * self.shape.step_bytes / (1 << 30) + 1, 1)
+        cfg = self._base()
+        cfg["storage_plugins"] = ["kvstream"]
+        cfg["extra_config"] = {
+            "storage_plugin.kvstream.module_path": "kvstream_backend",
+            "storage_plugin.kvstream.class_name": "KVStreamBackend",
+            "kvstream.tiers": [dict(t, max_size_gb=cap) for t in tiers],
+            "kvstream.prefetch_max_gb": round(self.shape.step_bytes / (1 << 30) + 0.5, 1),
+            # the store phase writes a whole step at once: stage it all, so that every tier
+            # holds every chunk before the first retrieve (a smaller budget sheds copies)
+            "kvstream.staging_budget_mb": 2 * self.shape.step_bytes >> 20,
+            **{f"kvstream.{k}": v for k, v in opts.items()},
+        }
+        return cfg
+
+    def _tiers(self, shm_read_mbps: float | None = None) -> list[dict]:
+        shm: dict[str, Any] = {"name": "shm", "path": self.shm}
+        if shm_read_mbps:
+            shm["emulate"] = {"read_mbps": round(shm_read_mbps, 1)}
+        return [{"name": "disk", "path": self.disk}, shm]
+
+    def _localdisk(self) -> dict[str, Any]:
+        cfg = self._base()
+        cfg.update({"local_disk": f"file://{self.lmc}/",
+                    "max_local_disk_size": round(2 * self.shape.step_bytes / GB + 1, 1),
+                    "extra_config": {"use_odirect": True}})
+        return cfg
+
+    # ---- phases -------------------------------------------------------------------------
+    def _phase(self, kind: str, config: str, lmcache: dict, iters: int = 1) -> dict:
+        p = Phase(kind, config, lmcache, self.shape, self.work, iters)
+        self.console.print(f"  {kind:8s} {config} ...", end="")
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "kvstream_backend.bench.gpu_worker",
+                            msgspec.json.encode(p).decode()],
+                           capture_output=True, text=True, timeout=900)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        rec = json.loads(lines[-1][7:]) if lines else {
+            "ok": False, "error": f"worker exited {r.returncode}: {r.stderr[-3000:]}"}
+        self.console.print(f" {time.perf_counter() - t:.1f} s"
+                           + ("" if rec.get("ok") else f" [red]{rec.get('error')}[/]"))
+        return rec
+
+    def _checkpoint(self) -> None:
+        """Write what was measured so far (a run cut short still leaves its numbers)."""
+        if self.json:
+            save(self._report(), self.json)
+
+    def _record(self, name: str, rec: dict) -> GpuConfig:
+        c = self.results.setdefault(name, GpuConfig(name))
+        if not rec.get("ok"):
+            c.errors.append(str(rec.get("error")) + "\n" + str(rec.get("traceback", "")))
+            return c
+        if not c.io and rec.get("kvstream"):
+            c.io = [f"{t['name']} io={t['io']} direct={t['direct']} ({t['io_reason']})"
+                    for t in rec["kvstream"]["tiers"]]
+        for st in rec.get("steps", []):
+            c.step_s.append(st["step_s"])
+            c.h2d_s.append(st["h2d_s"])
+            if "storage_s" in st:
+                c.storage_s.append(st["storage_s"])
+            c.identical.append(st["identical"])
+            c.timelines.append(st["timeline"])
+            c.kvstream_steps.append(st.get("kvstream_steps", []))
+        return c
+
+    @staticmethod
+    def _drop_caches() -> bool:
+        try:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return True
+        except OSError:
+            return False
+
+    def run(self) -> GpuReport:
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+        for d in (self.disk, self.shm, self.lmc):
+            os.makedirs(d)
+        s = self.shape
+        self.console.print(f"[bold]kvstream bench --gpu[/]: {s.requests} requests x {s.tokens} "
+                           f"tokens, {s.step_bytes / (1 << 30):.2f} GiB per step, "
+                           f"{self.rounds} rounds")
+        rec = self._phase("store", "kvstream", self._kvstream(self._tiers()))
+        if not rec.get("ok"):
+            raise RuntimeError(f"store failed: {rec.get('error')}\n{rec.get('traceback', '')}")
+        dropped = self._drop_caches()
+        if not dropped:
+            self.notes.append("page cache NOT dropped between phases (needs root): disk reads "
+                              "may come from memory")
+        for rnd in range(self.rounds):
+            self.console.print(f"round {rnd + 1}/{self.rounds}")
+            order = [("kvstream-disk", self._kvstream(self._tiers()[:1])),
+                     ("kvstream-shm", self._kvstream(self._tiers()[1:])),
+                     ("kvstream", self._kvstream(self._tiers())),
+                     ("static-0.5", self._kvstream(self._tiers(), static_split=0.5)),
+                     ("static-0.7", self._kvstream(self._tiers(), static_split=0.7)),
+                     ("kvstream-emu", None)]
+            for name, cfg in order:
+                if cfg is None:  # the second tier at half the disk's bandwidth of this round
+                    disk = self.results.get("kvstream-disk")
+                    if disk is None or not disk.storage_s:
+                        continue
+                    mbps = s.step_bytes / disk.storage_s[-1] / 2 / (1 << 20)
+                    cfg = self._kvstream(self._tiers(shm_read_mbps=mbps))
+                self._drop_caches()
+                self._record(name, self._phase("retrieve", name, cfg, self.iters))
+                self._checkpoint()
+            # LMCache 0.5.6's disk and CPU backends do not find a previous process's chunks:
+            # each stores, then retrieves in one process (LocalDisk reads with O_DIRECT)
+            shutil.rmtree(self.lmc, ignore_errors=True)
+            os.makedirs(self.lmc)
+            self._record("lmcache-disk", self._phase("same", "lmcache-disk", self._localdisk(),
+                                                     self.iters))
+            self._record("lmcache-cpu", self._phase("same", "lmcache-cpu",
+                                                    self._base(local_cpu=True), self.iters))
+            self._checkpoint()
+        return self._report()
+
+    # ---- results ------------------------------------------------------------------------
+    def _gbps(self, name: str, field: str = "step_s") -> float:
+        c = self.results.get(name)
+        xs = getattr(c, field) if c is not None else []
+        return self.shape.step_bytes / _med(xs) / GB if xs else float("nan")
+
+    def _report(self) -> GpuReport:
+        targets: list[GpuTarget] = []
+        ceiling = self._gbps("lmcache-cpu")
+        b_sum = self._gbps("kvstream-disk", "storage_s") + self._gbps("kvstream-shm",
+                                                                        "storage_s")
+        kv = self._gbps("kvstream")
+        bound = min(ceiling, b_sum)
+        targets.append(GpuTarget("kvstream (disk + shm) / min(LocalCPU ceiling, b_disk+b_shm)",
+                                 kv / bound, ">= 0.9", kv / bound >= 0.9))
+        emu, ld = self._gbps("kvstream-emu"), self._gbps("lmcache-disk")
+        targets.append(GpuTarget("kvstream (disk + shm at half the disk) / LocalDiskBackend",
+                                 emu / ld, ">= 1.35", emu / ld >= 1.35))
+        c = self.results.get("kvstream")
+        if c is not None and c.step_s:
+            over = _med(c.step_s) / max(_med(c.storage_s), _med(c.h2d_s))
+            targets.append(GpuTarget("kvstream step / max(storage read, host->GPU)", over,
+                                     "<= 1.1", over <= 1.1))
+        notes = list(self.notes)
+        bad = [n for n, r in self.results.items() if r.identical and not all(r.identical)]
+        if bad:
+            notes.append(f"KV NOT byte-identical on the device in: {', '.join(bad)}")
+        if DRY:
+            notes.append("DRY RUN on a CPU machine (reference copy instead of LMCache's "
+                              "CUDA connector): not a GPU measurement")
+        import platform
+
+        machine = {"host": platform.node(), "python": platform.python_version()}
+        try:
+            import torch
+
+            machine["torch"] = str(torch.__version__)
+            if torch.cuda.is_available():
+                machine["gpu"] = torch.cuda.get_device_name(0)
+        except ImportError:
+            pass
+        return GpuReport(machine, self.shape, self.shape.step_bytes, self.rounds, DRY,
+                         list(self.results.values()), targets, notes)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def save(rep: GpuReport, path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(msgspec.json.format(msgspec.json.encode(rep)))
+    os.replace(tmp, path)
+
+
+def render(rep: GpuReport, console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"GPU step: {rep.step_bytes / (1 << 30):.2f} GiB, medians over "
+              f"{rep.rounds} rounds")
+    for col in ("configuration", "step s", "GB/s", "storage read s", "host->GPU s",
+                "identical", "errors"):
+        t.add_column(col, justify="left" if col == "configuration" else "right", no_wrap=True)
+    for c in rep.configs:
+        gbps = rep.step_bytes / _med(c.step_s) / GB if c.step_s else float("nan")
+        t.add_row(c.name, f"{_med(c.step_s):.3f}", f"{gbps:.2f}",
+                  f"{_med(c.storage_s):.3f}" if c.storage_s else "-", f"{_med(c.h2d_s):.3f}",
+                  str(all(c.identical)) if c.identical else "-", str(len(c.errors)))
+    console.print(t)
+    for g in rep.targets:
+        mark = "[green]met[/]" if g.met else "[red]NOT met[/]"
+        console.print(f"  {g.name}: {g.value:.2f} (target {g.goal}) {mark}")
+    for n in rep.notes:
+        console.print(f"  [yellow]note:[/] {n}")
+
+
+def run_gpu(args: Any, console: Any) -> int:
+    if not DRY:
+        try:
+            import torch
+        except ImportError:
+            console.print("[red]error:[/] kvstream bench --gpu needs torch with CUDA")
+            return 2
+        if not torch.cuda.is_available():
+            console.print("[red]error:[/] kvstream bench --gpu needs a CUDA GPU, and "
+                          "torch.cuda.is_available() is False on this machine (torch "
+                          f"{torch.__version__}); run `kvstream bench` for the CPU benchmark")
+            return 2
+    bench = GpuBench(args, console)
+    try:
+        rep = bench.run()
+    finally:
+        bench.cleanup()
+    render(rep, console)
+    if args.json:
+        save(rep, args.json)
+        console.print(f"wrote {args.json}")
+    return 0 if all(all(c.identical) and not c.errors for c in rep.configs) else 1

@@ -1,0 +1,59 @@
+"""``kvstream bench --gpu``: it refuses clearly without CUDA, and its orchestration (stores,
+fresh-process retrieves of every configuration, byte verification, targets, JSON) runs end to
+end on this CPU machine with ``KVSTREAM_GPU_DRY=1``, where a torch reference copy stands in for
+LMCache's CUDA connector (the one part that cannot run without a GPU). The GPU measurement
+itself is in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+CLI = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main; "
+       "sys.exit(main(sys.argv[1:]))", "bench", "--gpu"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_refuses_clearly_without_cuda(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KVSTREAM_GPU_DRY"}
+    r = subprocess.run(CLI + ["--workdir", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    text = " ".join(r.stdout.split())  # rich wraps long lines
+    assert "needs a CUDA GPU" in text and "torch.cuda.is_available() is False" in text
+
+
+def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
+    out = tmp_path / "gpu.json"
+    shm = f"/dev/shm/kvs-gpu-test-{os.getpid()}"
+    os.makedirs(shm)
+    try:
+        r = subprocess.run(CLI + ["--gpu-shape", "2,2,64,16", "--requests", "3",
+                                  "--gpu-tokens", "512", "--gpu-rounds", "1", "--gpu-iters", "1",
+                                  "--workdir", str(tmp_path), "--gpu-shm", shm,
+                                  "--json", str(out)],
+                           capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
+    finally:
+        subprocess.run(["rm", "-rf", shm], check=False)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    assert rep["dry_run"] is True
+    assert any("DRY RUN" in n for n in rep["notes"]), "a dry run must say it is not a GPU run"
+    names = {c["name"] for c in rep["configs"]}
+    assert names == {"kvstream", "kvstream-disk", "kvstream-shm", "static-0.5", "static-0.7",
+                     "kvstream-emu", "lmcache-disk", "lmcache-cpu"}
+    for c in rep["configs"]:
+        assert not c["errors"], (c["name"], c["errors"])
+        assert c["identical"] == [True], c["name"]
+        assert c["step_s"] and c["h2d_s"][0] > 0, c["name"]
+        if c["name"].startswith(("kvstream", "static")):
+            tl = c["timelines"][0]
+            assert len(tl["get_returned"]) == 3 and len(tl["chunks_ready"]) == 3
+            assert 0 < c["storage_s"][0] <= c["step_s"][0]
+    assert [t["goal"] for t in rep["targets"]] == [">= 0.9", ">= 1.35", "<= 1.1"]
