@@ -25,14 +25,6 @@ SHARED_TOKENS = 2816  # the shared prefix's full 256-token chunks (> 1,024 token
 
 
 @pytest.fixture(scope="session")
-def model_dir() -> Path:
-    from .tiny_model import build
-
-    cache = Path(os.environ.get("KVSTREAM_E2E_CACHE", Path.home() / ".cache" / "kvstream-e2e"))
-    return build(cache / "tinyllama-v1")
-
-
-@pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("prompts") / "prompts.json"
     p.write_text(json.dumps(PROMPTS))
