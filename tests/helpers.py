@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 from kvstream_backend.engine import Engine, ReadHandle
 from kvstream_backend.io.memory import AlignedBuffer
 from kvstream_backend.soak import payload  # deterministic, key-specific bytes
 
-__all__ = ["payload", "write_all", "read_all", "check_all", "eventually"]
+__all__ = ["payload", "write_all", "read_all", "check_all", "eventually", "free_port",
+           "chunk_files"]
 
 
 def write_all(engine: Engine, keys: list[str], size: int, timeout: float = 120) -> None:
@@ -49,3 +52,16 @@ def eventually(pred, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return pred()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for servers the tests start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chunk_files(root: str) -> list[str]:
+    """The published chunk files under a tier root."""
+    return [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "kvs1", "chunks"))
+            for f in fs if f.endswith(".kvs")]

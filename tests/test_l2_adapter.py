@@ -24,7 +24,7 @@ from lmcache.v1.platform.event_notifier import consume_fd
 
 from kvstream_backend.adapters.l2_adapter import KVStreamL2Adapter, _LoadTask
 
-from .helpers import eventually
+from .helpers import chunk_files, eventually
 
 SHAPE = torch.Size([2, 4, 256, 64])  # [2, L, T, D] bf16: 256 KiB per chunk
 CHUNK = SHAPE.numel() * 2
@@ -142,17 +142,13 @@ def adapters():
         a.close()
 
 
-def _chunk_files(root: str) -> int:
-    return sum(f.endswith(".kvs") for _, _, fs in os.walk(root) for f in fs)
-
-
 def test_store_lookup_lock_load_unlock_round_trip_and_restart(tier_dirs, adapters):
     a = adapters(_spec(tier_dirs))
     d = Driver(a)
     keys = [key(i) for i in range(12)] + [key(1, salt="user-b"), key(1, model="other")]
     assert d.store(keys, kv)
     for root in tier_dirs:  # replicated: every tier holds every chunk
-        assert _chunk_files(root) == len(keys)
+        assert len(chunk_files(root)) == len(keys)
     assert a.get_usage().total_bytes_used >= len(keys) * CHUNK
     unknown = key(99)
     assert d.lookup(keys + [unknown]) == list(range(len(keys)))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,20 +15,16 @@ import urllib.request
 
 import pytest
 
+from .helpers import chunk_files, free_port
+
 CLIENT = os.path.join(os.path.dirname(__file__), "l2_client.py")
 LMCACHE = os.path.join(os.path.dirname(sys.executable), "lmcache")
 CHUNKS = 8  # tests/l2_client.py stores 2,048 tokens
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, spec: dict, log_path: str) -> None:
-        self.port, self.http = _free_port(), _free_port()
+        self.port, self.http = free_port(), free_port()
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen(
@@ -74,10 +69,6 @@ class Server:
         return rc, time.monotonic() - t0
 
 
-def _chunk_files(root: str) -> int:
-    return sum(f.endswith(".kvs") for _, _, fs in os.walk(root) for f in fs)
-
-
 @pytest.mark.skipif(not os.path.exists(LMCACHE), reason="the lmcache CLI is not installed")
 def test_lmcache_server_stores_through_kvstream_and_a_new_server_serves_it(tier_dirs, tmp_path):
     # the second tier is throttled so that its copies are still deferred when SIGTERM comes
@@ -90,7 +81,7 @@ def test_lmcache_server_stores_through_kvstream_and_a_new_server_serves_it(tier_
     first = Server(spec, str(tmp_path / "server1.log"))
     try:
         assert first.client("store") == {"stored": True}
-        on_pfs_at_sigterm = _chunk_files(tier_dirs[1])
+        on_pfs_at_sigterm = len(chunk_files(tier_dirs[1]))
     finally:
         rc, took = first.stop()
     log = first.log()
@@ -98,7 +89,7 @@ def test_lmcache_server_stores_through_kvstream_and_a_new_server_serves_it(tier_
     assert "Traceback" not in log, log
     assert "kvstream L2 adapter: closed" in log, log
     # every chunk reached every tier: close drained the deferred copies before L1 was freed
-    assert [_chunk_files(d) for d in tier_dirs] == [CHUNKS, CHUNKS], log
+    assert [len(chunk_files(d)) for d in tier_dirs] == [CHUNKS, CHUNKS], log
     assert took < 30, f"server took {took:.1f} s to exit after SIGTERM"
     assert on_pfs_at_sigterm < CHUNKS, "nothing was left to drain: the test shows nothing"
 

@@ -7,11 +7,9 @@ throttled tier is still writing: the next server finds only whole chunks and ans
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ import yaml
 
 from kvstream_backend import format as fmt
 
+from ..helpers import chunk_files, free_port
 from .test_vllm_cpu import PROMPTS, REPO, SHARED_TOKENS, SITE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
@@ -31,12 +30,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 # vllm-cpu), so the same server is started as its module, with the model as --model.
 SERVE = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
 README_YAML = REPO / "examples" / "lmcache-kvstream.yaml"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(tmp: Path, slow_writes: bool = False) -> Path:
@@ -60,7 +53,7 @@ def _config(tmp: Path, slow_writes: bool = False) -> Path:
 class Server:
     def __init__(self, model: Path, config: Path | None, log: Path) -> None:
         """``config`` None: no KV connector (the reference outputs)."""
-        self.port = _free_port()
+        self.port = free_port()
         self.log_path = log
         env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1",
                "VLLM_NO_USAGE_STATS": "1", "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1",
@@ -127,7 +120,7 @@ def _whole_chunks(roots: list[str]) -> tuple[int, list[str]]:
     """Count the published chunk files; list any that is not a whole, valid chunk."""
     n, bad = 0, []
     for root in roots:
-        for path in glob.glob(os.path.join(root, "kvs1", "chunks", "*", "*", "*.kvs")):
+        for path in chunk_files(root):
             n += 1
             digest = bytes.fromhex(os.path.basename(path)[:32])
             data = open(path, "rb").read()  # noqa: SIM115 - a short read of a test file
