@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..io import files
 from .report import BenchReport, ConfigResult, Target, TierResult, plot, render
 
 DEFAULT_PFS = {"read_mbps": 600, "write_mbps": 400, "jitter": 0.35, "pattern": "bursty",
@@ -220,7 +221,7 @@ class Bench:
             desc = (f"{limit_tool} O_DIRECT read of kvstream's chunk files on {t['name']} "
                     "(the device limit, apart from the engine)")
             results[f"limit-{t['name']}"] = ConfigResult(f"limit-{t['name']}", desc, [], [], D)
-        dropped = W.drop_caches()
+        dropped = files.drop_caches()
         if not dropped:
             self.notes.append("could not drop the page cache (not root): O_DIRECT paths are "
                               "unaffected, buffered fallbacks may read from memory")
@@ -254,7 +255,7 @@ class Bench:
             # before each step: that would also evict torch's and LMCache's code, and the
             # timed lookups would page it back in from the very disk under test. Configs that
             # read through the page cache (a tier without O_DIRECT) still drop before a step.
-            W.drop_caches()
+            files.drop_caches()
             seq = 0
             for rnd in range(-1, S):  # round -1 warms up; round-robin spreads the noise
                 label = "warm-up" if rnd < 0 else f"round {rnd + 1}/{S}"
@@ -264,7 +265,7 @@ class Bench:
                     pending = list(range(10**6 + seq, 10**6 + seq + c.backlog))
                     seq += c.backlog
                     if W.uses_page_cache(sm):
-                        W.drop_caches()
+                        files.drop_caches()
                     t_put: list[float] = []
 
                     def backlog(sm: Any = sm, pending: list[int] = pending,
@@ -293,14 +294,14 @@ class Bench:
                     prog.advance(task)
                 for t in self.tiers:
                     prog.update(task, description=f"{label}: limit of {t['name']}")
-                    files = _chunk_files(t["path"], self.shape, self.idx)
+                    paths = _chunk_files(t["path"], self.shape, self.idx)
                     depth = self.args.claim_batch * 2
                     with _CpuMeter() as cpu:
                         if limit_tool == "fio":
                             block = min(4 << 20, self.shape.chunk_bytes)
-                            secs, nbytes = self.fio.read_files(files, block, depth, t["path"])
+                            secs, nbytes = self.fio.read_files(paths, block, depth, t["path"])
                         else:
-                            secs, nbytes = self.plain.read_files(files, depth)
+                            secs, nbytes = self.plain.read_files(paths, depth)
                     if rnd >= 0:
                         res = results[f"limit-{t['name']}"]
                         res.step_s.append(secs * D / nbytes)

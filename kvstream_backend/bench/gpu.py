@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from ..io import files
 from .gpu_worker import DRY, Phase, Shape
 
 GB = 1e9
@@ -152,16 +153,6 @@ class GpuBench:
             c.kvstream_steps.append(st.get("kvstream_steps", []))
         return c
 
-    @staticmethod
-    def _drop_caches() -> bool:
-        try:
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
-            return True
-        except OSError:
-            return False
-
     def run(self) -> GpuReport:
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.rmtree(self.shm, ignore_errors=True)
@@ -174,7 +165,7 @@ class GpuBench:
         rec = self._phase("store", "kvstream", self._kvstream(self._tiers()))
         if not rec.get("ok"):
             raise RuntimeError(f"store failed: {rec.get('error')}\n{rec.get('traceback', '')}")
-        dropped = self._drop_caches()
+        dropped = files.drop_caches()
         if not dropped:
             self.notes.append("page cache NOT dropped between phases (needs root): disk reads "
                               "may come from memory")
@@ -193,7 +184,7 @@ class GpuBench:
                         continue
                     mbps = s.step_bytes / disk.storage_s[-1] / 2 / (1 << 20)
                     cfg = self._kvstream(self._tiers(shm_read_mbps=mbps))
-                self._drop_caches()
+                files.drop_caches()
                 self._record(name, self._phase("retrieve", name, cfg, self.iters))
                 self._checkpoint()
             # LMCache 0.5.6's disk and CPU backends do not find a previous process's chunks:

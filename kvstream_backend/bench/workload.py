@@ -8,7 +8,6 @@ The step time runs from the first lookup to the last get returning.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -220,17 +219,6 @@ def uses_page_cache(sm: StorageManager) -> bool:
     """True if the backend reads through the page cache (a kvstream tier without O_DIRECT)."""
     engine = getattr(sm.storage_backends[location(sm)], "engine", None)
     return engine is not None and not all(t.direct for t in engine.stats().tiers)
-
-
-def drop_caches() -> bool:
-    """Drop the page cache if allowed (root); False when not."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def lookups(sm: StorageManager, shape: Shape, idx: list[int]) -> None:

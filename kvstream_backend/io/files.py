@@ -132,3 +132,14 @@ def errname(code: int) -> str:
 
 # errno values that mean "this file is gone or is not ours", as opposed to "the tier is sick".
 FILE_LEVEL_ERRNOS = frozenset({errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR})
+
+
+def drop_caches() -> bool:
+    """Drop the page cache if allowed (root; benchmarks between phases); False when not."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
