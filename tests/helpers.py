@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
+import urllib.request
 
 from kvstream_backend.engine import Engine, ReadHandle
 from kvstream_backend.io.memory import AlignedBuffer
 from kvstream_backend.soak import payload  # deterministic, key-specific bytes
 
 __all__ = ["payload", "write_all", "read_all", "check_all", "eventually", "free_port",
-           "chunk_files"]
+           "chunk_files", "wait_serving"]
 
 
 def write_all(engine: Engine, keys: list[str], size: int, timeout: float = 120) -> None:
@@ -65,3 +67,18 @@ def chunk_files(root: str) -> list[str]:
     """The published chunk files under a tier root."""
     return [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "kvs1", "chunks"))
             for f in fs if f.endswith(".kvs")]
+
+
+def wait_serving(proc: subprocess.Popen, url: str, timeout: float) -> str:
+    """Poll ``url`` until the server ``proc`` answers: "" then, else why not (it exited, or
+    it did not answer within ``timeout`` seconds)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return f"exited {proc.returncode} at start"
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return ""
+        except OSError:
+            time.sleep(0.5)
+    return f"not up after {timeout:.0f} s"

@@ -11,11 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
-from .helpers import chunk_files, free_port
+from .helpers import chunk_files, free_port, wait_serving
 
 CLIENT = os.path.join(os.path.dirname(__file__), "l2_client.py")
 LMCACHE = os.path.join(os.path.dirname(sys.executable), "lmcache")
@@ -33,15 +32,8 @@ class Server:
              "--supported-transfer-mode", "engine_driven", "--l2-adapter", json.dumps(spec)],
             stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, "LMCACHE_DISABLE_BANNER": "1", "LMCACHE_LOG_LEVEL": "INFO"})
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            assert self.proc.poll() is None, f"server exited at start:\n{self.log()}"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.http}/config", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.5)
-        raise AssertionError(f"server not up after 120 s:\n{self.log()}")
+        why = wait_serving(self.proc, f"http://127.0.0.1:{self.http}/config", 120)
+        assert not why, f"lmcache server {why}:\n{self.log()}"
 
     def log(self) -> str:
         if not self._log.closed:

@@ -21,7 +21,7 @@ import yaml
 
 from kvstream_backend import format as fmt
 
-from ..helpers import chunk_files, free_port
+from ..helpers import chunk_files, free_port, wait_serving
 from .test_vllm_cpu import PROMPTS, REPO, SHARED_TOKENS, SITE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
@@ -71,16 +71,10 @@ class Server:
         self._log = open(log, "wb")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        end = time.monotonic() + 400
-        while time.monotonic() < end:
-            assert self.proc.poll() is None, f"vllm serve exited at start:\n{self.log()}"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
-                return
-            except OSError:
-                time.sleep(1)
-        self.kill()
-        raise AssertionError(f"vllm serve not up after 400 s:\n{self.log()}")
+        why = wait_serving(self.proc, f"http://127.0.0.1:{self.port}/health", 400)
+        if why:
+            self.kill()
+            raise AssertionError(f"vllm serve {why}:\n{self.log()}")
 
     def log(self) -> str:
         if not self._log.closed:
