@@ -1,21 +1,27 @@
-"""One thread per tier: the only thread that touches that tier's file system during I/O.
+"""One thread per tier, and a few file threads of its own: all I/O of one tier runs on them.
 
-Everything that can block on a file system runs here: ``open``, ring submission, ``close``
-and ``fadvise``, the capacity evictions' ``unlink``, temp-file creation, the publishing
-``link``/``unlink``, quarantine ``rename``, and the payload checksum of what was read. A slow or
-sick tier (a PFS metadata server, a FUSE mount that issues reads inline, a dead mount) therefore
-stalls only its own reads and writes: the completion loop and the other tiers go on.
+Everything that can block on a file system runs on this tier's threads: ``open``, ring
+submission, ``close`` and ``fadvise``, the capacity evictions' ``unlink``, quarantine
+``rename``, and the payload checksum of what was read. A slow or sick tier (a PFS metadata
+server, a FUSE mount that issues reads inline, a dead mount) therefore stalls only its own
+reads and writes: the completion loop and the other tiers go on.
+
+A copy's file steps (create the temp file; close, ``link`` and ``unlink`` it to publish) run on
+the tier's *file threads* (``io_threads`` of them), not on the tier thread: on a network file
+system each is a round trip, and run one after another on the tier thread they left the data
+queue idle between writes (kvstream wrote GlusterFS at half of fio's rate). The tier thread
+keeps the bookkeeping (capacity reservation, the index) and the data queue full.
 
 Protocol: the engine's completion loop is the only caller of :meth:`TierWorker.read` and
 :meth:`TierWorker.write`, which queue a job and return at once. Every job comes back exactly
 once through the ``deliver`` callback given at construction (called on this thread; it must
 only hand off), with ``errno``/``reason``/``moved`` set. :meth:`close` finishes what was queued
-and stops the thread. Emulated bandwidth (``emulate``) is applied here, by holding a finished
+and stops the threads. Emulated bandwidth (``emulate``) is applied here, by holding a finished
 job back until the emulated device would have finished it.
 
 O_DIRECT needs page-aligned memory. A caller's buffer that is not (an L1 pool configured with
 ``--l1-align-bytes`` below 4096, a MemoryObj without padding) goes through a page-aligned
-bounce buffer here, on this thread: a copy, never an ``EINVAL`` that would mark the tier down.
+bounce buffer: a copy, never an ``EINVAL`` that would mark the tier down.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from . import format as fmt
 from .config import KVStreamConfig
@@ -139,6 +146,9 @@ class TierWorker:
         self._wthrottle = Throttle(em.write_mbps, em, 2 * index + 1) if em and em.write_mbps \
             else None
         self._inbox: collections.deque[Job] = collections.deque()
+        self._files = ThreadPoolExecutor(max_workers=cfg.io_threads,
+                                         thread_name_prefix=f"kvs-{tier.name}-f")
+        self._filed: collections.deque[IoOp | WriteJob] = collections.deque()  # file steps done
         self._backlog: collections.deque[IoOp] = collections.deque()  # queue was at its depth
         self._held: list[tuple[float, int, IoOp]] = []  # emulation: (release time, seq, op)
         self._seq = 0
@@ -168,6 +178,7 @@ class TierWorker:
         self.waker.wake()
         self._thread.join(timeout)
         if not self._thread.is_alive():
+            self._files.shutdown(wait=True)
             self.rq.close()
             self.wq.close()
             self.waker.close()
@@ -182,7 +193,7 @@ class TierWorker:
                 timeout = max(0, int((self._held[0][0] - time.monotonic()) * 1000) + 1)
             if self._stopping:
                 timeout = 50 if timeout < 0 else min(timeout, 50)
-            if not self._inbox:
+            if not self._inbox and not self._filed:
                 poller.poll(timeout)
             self.waker.clear()
             try:
@@ -201,6 +212,16 @@ class TierWorker:
             else:
                 self._repair(job)
                 self._done(job)
+        while self._filed:
+            x = self._filed.popleft()
+            if isinstance(x, IoOp):
+                if x.write and x.fd < 0:  # sealed: closed and published (or not)
+                    self._sealed(x)
+                else:
+                    self._submit(x)  # opened: the data goes to the queue
+            else:
+                self.tier.unreserve(x.size)  # the temp file could not be created
+                self._done(x)
         for op in self.rq.reap():
             self._reaped(op, self._rthrottle)
         for op in self.wq.reap():
@@ -242,9 +263,8 @@ class TierWorker:
         self._submit(IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), (addr, need)], 0, False, job))
 
     def _reaped(self, op: IoOp, throttle: Throttle | None) -> None:
-        err = files.close(op.fd, drop_pages=not self.direct)
-        if op.write and err and op.result >= 0:
-            op.result = -err  # the data may not have reached the file system
+        if not op.write:  # a copy's file is closed with its publication (file threads)
+            files.close(op.fd, drop_pages=not self.direct)
         if throttle is not None:
             now = time.monotonic()
             when = throttle.release_at(op.t_submit, now, op.done)
@@ -294,18 +314,25 @@ class TierWorker:
         elif code in files.FILE_LEVEL_ERRNOS:
             self.tier.quarantine(digest, "not-a-file")  # a symlink or directory planted
 
-    # writes
+    # writes: reserve here; create (file thread); write (queue); close + publish (file thread)
     def _start_write(self, job: WriteJob) -> None:
         if not self.tier.reserve(job.size, self._evictable):
             job.reason = "capacity"
             self._done(job)
             return
+        self._files.submit(self._open_copy, job)
+
+    def _filed_back(self, x: IoOp | WriteJob) -> None:
+        self._filed.append(x)
+        self.waker.wake()
+
+    def _open_copy(self, job: WriteJob) -> None:
+        """File thread: the copy's temp file, and its aligned bounce copy if one is needed."""
         try:
             fd, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, self.direct)
         except OSError as e:
-            self.tier.unreserve(job.size)
             job.errno = e.errno or errno.EIO
-            self._done(job)
+            self._filed_back(job)
             return
         addr, n = job.buf_addr, job.n
         if self.direct and (addr % fmt.ALIGN or n % fmt.ALIGN):
@@ -313,25 +340,38 @@ class TierWorker:
             job.bounce = AlignedBuffer(plen)  # zero-filled past the payload
             ctypes.memmove(job.bounce.addr, addr, plen)
             addr, n = job.bounce.addr, job.bounce.capacity
-        op = IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (addr, n)], 0, True, (job, tmp))
-        self._submit(op)
+        self._filed_back(IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (addr, n)], 0, True,
+                              (job, tmp)))
 
     def _finish_write(self, op: IoOp) -> None:
-        job, tmp = op.ctx
+        job, _ = op.ctx
         if job.bounce is not None:
             job.bounce.release()
             job.bounce = None
-        if op.result == op.length:
+        self._files.submit(self._seal, op)
+
+    def _seal(self, op: IoOp) -> None:
+        """File thread: close the temp file and, if all of it was written, publish it."""
+        job, tmp = op.ctx
+        err = files.close(op.fd, drop_pages=not self.direct)
+        op.fd = -1
+        if op.result == op.length and not err:
             try:
                 job.published = files.publish(tmp, self.tier.ensure_parent(job.digest))
-                self.tier.commit(job.digest, job.size, job.header)
                 job.moved = op.result
             except OSError as e:
                 job.errno = e.errno or errno.EIO
         else:
             files.unlink_quiet(tmp)
-            job.errno = -op.result if op.result < 0 else errno.ENOSPC
-        if not job.ok:
+            job.errno = err or (-op.result if op.result < 0 else errno.ENOSPC)
+        self._filed_back(op)
+
+    def _sealed(self, op: IoOp) -> None:
+        job, _ = op.ctx
+        if job.ok:
+            self.tier.commit(job.digest, job.size, job.header)
+        else:
+            job.moved = 0
             self.tier.unreserve(job.size)
         self._done(job)
 
