@@ -13,6 +13,7 @@ comes from (e) only, never from kvstream's own rows.
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import os
 import platform
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..io import files
-from .report import BenchReport, ConfigResult, Target, TierResult, plot, render
+from .report import BenchReport, ConfigResult, Target, TierResult, WriteRow, plot, render
 
 DEFAULT_PFS = {"read_mbps": 600, "write_mbps": 400, "jitter": 0.35, "pattern": "bursty",
                "period_s": 1.0, "seed": 1}
@@ -47,6 +48,9 @@ def add_bench_parser(sub: Any) -> None:
                    help="per-rank KV bytes per token (default: a 32B GQA model at TP=4, "
                    "64 layers: 16 MiB per 256-token chunk)")
     p.add_argument("--layers", type=int, default=64)
+    p.add_argument("--write-rounds", type=int, default=3,
+                   help="interleaved write rounds (kvstream, each tier's write limit, "
+                   "LMCache's disk backend), each putting two steps' chunks")
     p.add_argument("--claim-batch", type=int, default=4)
     p.add_argument("--quick", action="store_true", help="a smaller run (< 3 min on 2 cores)")
     p.add_argument("--workdir", default="/var/tmp", help="where the local-disk tier is created")
@@ -130,6 +134,7 @@ class Bench:
         self.R = args.requests or (4 if args.quick else 8)
         self.C = args.chunks or 8
         self.S = args.steps or (2 if args.quick else 5)
+        self.write_rounds = args.write_rounds
         self.shape = W.Shape.from_bytes_per_token(args.kv_bytes_per_token, args.layers, 4)
         self.D = self.R * self.C * self.shape.chunk_bytes
         self.requests = [[r * self.C + j for j in range(self.C)] for r in range(self.R)]
@@ -230,27 +235,10 @@ class Bench:
             f"({self.shape.chunk_bytes >> 20} MiB chunks), {S} rounds over "
             f"{len(results)} configurations")
         with Progress(console=self.console, transient=True) as prog:
-            task = prog.add_task("writing", total=(S + 1) * len(results) + 2)
-            writes: dict[str, float] = {}
-            for c in (configs[0], configs[6]):  # the step's and the next step's chunks
-                sm = self._manager(c)
-                keys, objs = W.chunks(sm, self.shape, self.idx + self.next_idx)
-                t0 = time.perf_counter()  # from the hand-off: filling the tensors is not I/O
-                sm.batched_put(keys, objs)
-                visible = W.wait_visible(sm, self.shape, self.idx + self.next_idx)
-                visible = None if visible is None else time.perf_counter() - t0
-                W.wait_puts(sm, self.shape, self.idx + self.next_idx)
-                done = time.perf_counter() - t0
-                writes[c.name] = done
-                if visible is not None:
-                    writes["kvstream-visible"] = visible
-                self.notes.append(f"{c.name}: wrote {2 * len(self.idx)} chunks "
-                                  f"({2 * D / GiB:.2f} GiB) to every tier in {done:.2f} s"
-                                  + (f", all visible after {visible:.2f} s" if visible else ""))
-                self._release(c)
-                prog.advance(task)
-            for t in self.tiers:
-                writes[f"limit-{t['name']}"] = self._write_limit(t, limit_tool, 2 * D)
+            wr = self.write_rounds
+            task = prog.add_task("writing", total=(S + 1) * len(results)
+                                 + wr * (2 + len(self.tiers)))
+            writes = self._writes(configs, limit_tool, prog, task)
             # Every path measured here is O_DIRECT, so the page cache is dropped once, not
             # before each step: that would also evict torch's and LMCache's code, and the
             # timed lookups would page it back in from the very disk under test. Configs that
@@ -311,16 +299,53 @@ class Bench:
         return _report(list(results.values()), D, self.R, self.C, S, self.shape, self.tiers,
                        self.notes, dropped, limit_tool, writes)
 
+    def _writes(self, configs: list[Config], limit_tool: str, prog: Any,
+                task: Any) -> dict[str, list[float]]:
+        """Interleaved write rounds: kvstream and LMCache's disk backend each put the two
+        steps' chunks (the step's and the next step's), and each tier's write limit is taken
+        right after, in the same state (on a VM the rate of fresh pages a file system gets
+        swings with the memory in use, so a limit taken apart from the run misleads). Every
+        round but the last removes what it wrote; the last round's chunks are the ones read.
+        Returns seconds per round for ``kvstream`` (every copy finished), ``kvstream-visible``
+        (every chunk's first copy published), ``lmcache-disk`` and ``limit-<tier>``."""
+        W, D, idx = self.W, self.D, self.idx + self.next_idx
+        out: dict[str, list[float]] = collections.defaultdict(list)
+        for rnd in range(self.write_rounds):
+            last = rnd == self.write_rounds - 1
+            for c in (configs[0], configs[6]):
+                prog.update(task, description=f"writes {rnd + 1}/{self.write_rounds}: {c.name}")
+                sm = self._manager(c)
+                keys, objs = W.chunks(sm, self.shape, idx)
+                t0 = time.perf_counter()  # from the hand-off: filling the tensors is not I/O
+                sm.batched_put(keys, objs)
+                visible = W.wait_visible(sm, self.shape, idx)
+                W.wait_puts(sm, self.shape, idx)
+                out[c.name].append(time.perf_counter() - t0)
+                if visible is not None:
+                    out["kvstream-visible"].append(visible)
+                if not last:
+                    W.remove(sm, self.shape, idx)
+                self._release(c)
+                prog.advance(task)
+                if c is configs[0]:  # the limits right after kvstream's copies, same state
+                    for t in self.tiers:
+                        out[f"limit-{t['name']}"].append(
+                            self._write_limit(t, limit_tool, 2 * D))
+                        prog.advance(task)
+        return out
+
     def _write_limit(self, t: dict[str, Any], tool: str, size: int) -> float:
-        """Seconds the tier takes to write ``size`` bytes at its limit (apart from the engine;
-        an emulated tier's nominal write rate)."""
-        em = t.get("emulate") or {}
-        if em.get("write_mbps"):
-            return size / (float(em["write_mbps"]) * (1 << 20))
+        """Seconds the tier takes to write ``size`` bytes at its limit, apart from the engine
+        (fio, or the plain writer). An emulated tier is the slower of its nominal write rate
+        and the file system under it: the throttle can only slow a tier down."""
         block, depth = min(4 << 20, self.shape.chunk_bytes), self.args.claim_batch * 2
         mod = self.fio if tool == "fio" else self.plain
         secs, nbytes = mod.write_file(t["path"], size, block, depth)
-        return secs * size / nbytes
+        secs *= size / nbytes
+        em = t.get("emulate") or {}
+        if em.get("write_mbps"):
+            secs = max(secs, size / (float(em["write_mbps"]) * (1 << 20)))
+        return secs
 
     def _next_lookup(self, sm: Any, r: int) -> None:
         """After request ``r``'s get: the lookup of the next step's request ``r``."""
@@ -396,7 +421,7 @@ def _chunk_files(root: str, shape: Any, idx: list[int]) -> list[str]:
 
 def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: Any,
             tiers: list[dict[str, Any]], notes: list[str], dropped: bool,
-            limit_tool: str, writes: dict[str, float]) -> BenchReport:
+            limit_tool: str, writes: dict[str, list[float]]) -> BenchReport:
     """Derive each tier's limit b_k, the bound D/sum(b_k) and the targets."""
     by = {c.name: c for c in results}
     limits = []
@@ -450,18 +475,20 @@ def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: 
         ta, td = statistics.median(bl_a.backlog_s), statistics.median(bl_d.backlog_s)
         notes.append(f"backlog on every tier after {ta:.2f} s (kvstream, staging budget half "
                      f"the backlog) and on disk after {td:.2f} s (lmcache-disk)")
-    wlim = [writes[f"limit-{t['name']}"] for t in tiers]  # seconds for 2D at each limit
-    rep_ratio = max(wlim) / writes["kvstream"]  # replicated: the slowest tier bounds it
-    targets.append(Target("replicated write bandwidth / slowest tier's write limit", rep_ratio,
-                          ">= 0.9", rep_ratio >= 0.9))
-    if "kvstream-visible" in writes:
-        vis = min(wlim) / writes["kvstream-visible"]  # visible: the fastest tier bounds it
-        targets.append(Target("visible write bandwidth / fastest tier's write limit", vis,
-                              ">= 0.8 (near)", vis >= 0.8))
-    notes.append("write limits for 2 steps' chunks (" + ", ".join(
-        f"{t['name']} {w:.2f} s" for t, w in zip(tiers, wlim, strict=True))
-        + f"): kvstream replicated in {writes['kvstream']:.2f} s, lmcache-disk wrote its one "
-        f"copy in {writes['lmcache-disk']:.2f} s")
+    rounds = list(zip(*(writes[f"limit-{t['name']}"] for t in tiers), strict=True))
+    rep = [max(lim) / k for lim, k in zip(rounds, writes["kvstream"], strict=True)]
+    targets.append(Target("replicated write bandwidth / slowest tier's write limit "
+                          "(median of per-round ratios)", statistics.median(rep), ">= 0.9",
+                          statistics.median(rep) >= 0.9))
+    if writes.get("kvstream-visible"):
+        vis = [min(lim) / v for lim, v in zip(rounds, writes["kvstream-visible"], strict=True)]
+        targets.append(Target("visible write bandwidth / fastest tier's write limit (median "
+                              "of per-round ratios)", statistics.median(vis), ">= 0.8 (near)",
+                              statistics.median(vis) >= 0.8))
+    write_rows = [WriteRow(name, _WRITE_ROWS.get(name, "") or (
+        f"{limit_tool} O_DIRECT write on {name[6:]}, taken right after kvstream's round "
+        "(emulated: the slower of that and the nominal rate)"), secs)
+        for name, secs in writes.items()]
     load_a = by["kvstream+load"].median_s / a.median_s
     load_d = by["lmcache-disk+load"].median_s / d.median_s
     targets.append(Target(f"load inflation kvstream (vs lmcache-disk {load_d:.2f})", load_a,
@@ -472,7 +499,14 @@ def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: 
              "chunk_bytes": shape.chunk_bytes, "step_bytes": D, "limit_tool": limit_tool,
              **{f"b_{t['name']}_gbps": b / 1e9 for t, b in zip(tiers, limits, strict=True)},
              "tiers": "; ".join(f"{t['name']}={t['path']}" for t in tiers)}
-    return BenchReport(machine, setup, results, bound, targets, notes)
+    return BenchReport(machine, setup, results, bound, targets, notes, write_rows, 2 * D)
+
+
+_WRITE_ROWS = {
+    "kvstream": "kvstream, every chunk on every tier (replicated)",
+    "kvstream-visible": "kvstream, every chunk's first copy published (visible)",
+    "lmcache-disk": "LMCache LocalDiskBackend, its one copy on the first tier",
+}
 
 
 def _first_share(res: ConfigResult) -> float | None:

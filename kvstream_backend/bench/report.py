@@ -48,6 +48,19 @@ class Target(msgspec.Struct):
     met: bool
 
 
+class WriteRow(msgspec.Struct):
+    """One writer (or one tier's write limit) over the interleaved write rounds: seconds per
+    round for the same bytes (two steps' chunks)."""
+
+    name: str
+    description: str
+    seconds: list[float]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+
 class BenchReport(msgspec.Struct):
     machine: dict[str, str]
     setup: dict[str, str | int | float]
@@ -55,6 +68,8 @@ class BenchReport(msgspec.Struct):
     bound_s: float  # D / sum(b_k), b_k measured apart from the engine (limit-* rows)
     targets: list[Target]
     notes: list[str]
+    writes: list[WriteRow] = []  # the write rounds (kvstream, LMCache's disk, each limit)
+    write_bytes: int = 0  # bytes each write round puts
 
 
 def render(rep: BenchReport, console: Console) -> None:
@@ -74,6 +89,14 @@ def render(rep: BenchReport, console: Console) -> None:
     console.print(t)
     console.print(f"bound D/sum(b_k), b_k = the limit-* rows (measured apart from the engine): "
                   f"{rep.bound_s:.3f} s per step")
+    if rep.writes:
+        w = Table(title=f"writes: {rep.write_bytes / GB:.2f} GB per round, rounds interleaved")
+        for col in ("writer", "median s", "GB/s", "per round s"):
+            w.add_column(col, justify="right" if col != "writer" else "left")
+        for row in rep.writes:
+            w.add_row(row.name, f"{row.median_s:.2f}", f"{rep.write_bytes / row.median_s / GB:.2f}",
+                      " ".join(f"{x:.2f}" for x in row.seconds))
+        console.print(w)
     tt = Table(title="targets (measured in this run; not asserted)")
     for col in ("target", "measured", "goal", "met"):
         tt.add_column(col)
