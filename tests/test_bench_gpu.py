@@ -44,6 +44,7 @@ def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     rep = json.loads(out.read_text())
     assert rep["dry_run"] is True
+    assert rep["machine"]["torch_threads"] == "1"  # as vLLM's GPU worker serves; checked per phase
     assert any("DRY RUN" in n for n in rep["notes"]), "a dry run must say it is not a GPU run"
     names = {c["name"] for c in rep["configs"]}
     assert names == {"kvstream", "kvstream-disk", "kvstream-shm", "static-0.5", "static-0.7",

@@ -71,6 +71,7 @@ class GpuBench:
         self.shape = Shape(L, H, D, BS, args.requests or 8, args.gpu_tokens)
         self.rounds = args.gpu_rounds
         self.iters = args.gpu_iters
+        self.torch_threads = args.gpu_torch_threads
         self.work = os.path.join(args.workdir, "kvstream-gpu-bench")
         self.disk = os.path.join(self.work, "tier-disk")
         self.shm = os.path.join(args.gpu_shm, "kvstream-gpu-bench")
@@ -117,7 +118,7 @@ class GpuBench:
 
     # ---- phases -------------------------------------------------------------------------
     def _phase(self, kind: str, config: str, lmcache: dict, iters: int = 1) -> dict:
-        p = Phase(kind, config, lmcache, self.shape, self.work, iters)
+        p = Phase(kind, config, lmcache, self.shape, self.work, iters, self.torch_threads)
         self.console.print(f"  {kind:8s} {config} ...", end="")
         t = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "kvstream_backend.bench.gpu_worker",
@@ -137,6 +138,9 @@ class GpuBench:
 
     def _record(self, name: str, rec: dict) -> GpuConfig:
         c = self.results.setdefault(name, GpuConfig(name))
+        if self.torch_threads and rec.get("torch_threads") not in (None, self.torch_threads):
+            c.errors.append(f"the phase ran torch with {rec['torch_threads']} threads, not the "
+                            f"{self.torch_threads} asked for")
         if not rec.get("ok"):
             c.errors.append(str(rec.get("error")) + "\n" + str(rec.get("traceback", "")))
             return c
@@ -230,7 +234,8 @@ class GpuBench:
                               "CUDA connector): not a GPU measurement")
         import platform
 
-        machine = {"host": platform.node(), "python": platform.python_version()}
+        machine = {"host": platform.node(), "python": platform.python_version(),
+                   "torch_threads": str(self.torch_threads or "torch default (one per core)")}
         try:
             import torch
 

@@ -64,6 +64,7 @@ class Phase(msgspec.Struct, frozen=True):
     shape: Shape
     work: str
     iters: int = 1
+    torch_threads: int = 1  # torch intra-op threads (0: torch's default, one per core)
 
 
 def _device():
@@ -283,7 +284,8 @@ def run(p: Phase) -> dict:
     import torch
 
     s = p.shape
-    rec: dict = {"kind": p.kind, "config": p.config, "ok": False, "dry_run": DRY}
+    rec: dict = {"kind": p.kind, "config": p.config, "ok": False, "dry_run": DRY,
+                 "torch_threads": torch.get_num_threads()}
     tokens, blocks_s, blocks_r = _workload(s)
     eng, conn = _build(p)
     try:
@@ -344,6 +346,14 @@ def main() -> None:
                  ("PYTHONHASHSEED", "0")):
         os.environ.setdefault(k, v)
     phase = msgspec.json.decode(sys.argv[1], type=Phase)
+    if phase.torch_threads:
+        # vLLM's GPU worker serves with one torch thread (vllm.utils.torch_utils.
+        # set_torch_threads_for_runtime, unless OMP_NUM_THREADS is set): torch's default, a
+        # thread per core, makes LMCache's torch-fallback scatter an OpenMP region across
+        # every core, which any other thread (kvstream's reads among them) then stalls
+        import torch
+
+        torch.set_num_threads(phase.torch_threads)
     try:
         rec = run(phase)
     except Exception as e:  # noqa: BLE001 - reported to the orchestrator verbatim
