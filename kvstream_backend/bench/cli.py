@@ -306,8 +306,10 @@ class Bench:
                 task: Any) -> dict[str, list[float]]:
         """Interleaved write rounds: kvstream and LMCache's disk backend each put the two
         steps' chunks (the step's and the next step's), and each tier's write limit is taken
-        right after, in the same state (on a VM the rate of fresh pages a file system gets
-        swings with the memory in use, so a limit taken apart from the run misleads). Every
+        right after kvstream's, before its StorageManager closes: in the same state, LMCache's
+        host buffers still resident (on a VM the rate at which a tmpfs-backed file system gets
+        fresh pages falls several-fold with the memory in use, so a limit taken with those
+        buffers freed, or apart from the run, is a different machine). Every
         round but the last removes what it wrote; the last round's chunks are the ones read.
         Returns seconds per round for ``kvstream`` (every copy finished), ``kvstream-visible``
         (every chunk's first copy published), ``lmcache-disk`` and ``limit-<tier>``."""
@@ -328,13 +330,13 @@ class Bench:
                     out["kvstream-visible"].append(visible)
                 if not last:
                     W.remove(sm, self.shape, idx)
-                self._release(c)
-                prog.advance(task)
-                if c is configs[0]:  # the limits right after kvstream's copies, same state
-                    for t in self.tiers:
+                if c is configs[0]:  # the limits right after kvstream's copies, with its
+                    for t in self.tiers:  # LMCache buffers still resident, as when serving
                         out[f"limit-{t['name']}"].append(
                             self._write_limit(t, limit_tool, 2 * D))
                         prog.advance(task)
+                self._release(c)
+                prog.advance(task)
         return out
 
     def _write_limit(self, t: dict[str, Any], tool: str, size: int) -> float:
