@@ -327,21 +327,33 @@ class TierWorker:
         self.waker.wake()
 
     def _open_copy(self, job: WriteJob) -> None:
-        """File thread: the copy's temp file, and its aligned bounce copy if one is needed."""
+        """File thread: the copy's temp file, and its aligned bounce copy if one is needed.
+        Whatever happens, the job comes back (an unexpected error as ``EIO``)."""
         try:
-            fd, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, self.direct)
+            self._filed_back(self._open_temp(job))
         except OSError as e:
             job.errno = e.errno or errno.EIO
             self._filed_back(job)
-            return
+        except Exception:  # noqa: BLE001 - the job must come back, or close() waits for it
+            log.exception("kvstream: tier %s: preparing a copy failed", self.tier.name)
+            job.errno = errno.EIO
+            self._filed_back(job)
+
+    def _open_temp(self, job: WriteJob) -> IoOp:
+        """The copy's write op; on failure no temp file or descriptor is left behind."""
+        fd, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, self.direct)
         addr, n = job.buf_addr, job.n
-        if self.direct and (addr % fmt.ALIGN or n % fmt.ALIGN):
-            plen = job.header.payload_len
-            job.bounce = AlignedBuffer(plen)  # zero-filled past the payload
-            ctypes.memmove(job.bounce.addr, addr, plen)
-            addr, n = job.bounce.addr, job.bounce.capacity
-        self._filed_back(IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (addr, n)], 0, True,
-                              (job, tmp)))
+        try:
+            if self.direct and (addr % fmt.ALIGN or n % fmt.ALIGN):
+                plen = job.header.payload_len
+                job.bounce = AlignedBuffer(plen)  # zero-filled past the payload
+                ctypes.memmove(job.bounce.addr, addr, plen)
+                addr, n = job.bounce.addr, job.bounce.capacity
+        except BaseException:
+            files.close(fd, drop_pages=False)
+            files.unlink_quiet(tmp)
+            raise
+        return IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (addr, n)], 0, True, (job, tmp))
 
     def _finish_write(self, op: IoOp) -> None:
         job, _ = op.ctx
@@ -351,7 +363,21 @@ class TierWorker:
         self._files.submit(self._seal, op)
 
     def _seal(self, op: IoOp) -> None:
-        """File thread: close the temp file and, if all of it was written, publish it."""
+        """File thread: close the temp file and, if all of it was written, publish it.
+        Whatever happens, the op comes back (an unexpected error as ``EIO``)."""
+        try:
+            self._seal_file(op)
+        except Exception:  # noqa: BLE001 - the job must come back, or close() waits for it
+            log.exception("kvstream: tier %s: publishing a copy failed", self.tier.name)
+            job, tmp = op.ctx
+            job.errno = errno.EIO
+            if op.fd >= 0:
+                files.close(op.fd, drop_pages=False)
+                op.fd = -1
+            files.unlink_quiet(tmp)
+        self._filed_back(op)
+
+    def _seal_file(self, op: IoOp) -> None:
         job, tmp = op.ctx
         err = files.close(op.fd, drop_pages=not self.direct)
         op.fd = -1
@@ -364,7 +390,6 @@ class TierWorker:
         else:
             files.unlink_quiet(tmp)
             job.errno = err or (-op.result if op.result < 0 else errno.ENOSPC)
-        self._filed_back(op)
 
     def _sealed(self, op: IoOp) -> None:
         job, _ = op.ctx

@@ -441,3 +441,31 @@ def test_staging_memory_is_bounded_shedding_lagging_copies_first(tier_dirs, make
     assert _eventually(lambda: e.stats().tiers[1].replica_fraction == 1.0, timeout=60)
     for b in bufs:
         b.release()
+
+
+@pytest.mark.parametrize("step", ["create_temp", "publish"])
+def test_an_unexpected_error_in_a_file_step_fails_that_copy_only(tier_dirs, make_engine,
+                                                                 monkeypatch, step):
+    """A copy's file steps run on its tier's file threads: an error nobody expected there
+    (not an OSError) must still hand the copy back, or flush and close would wait forever."""
+    from kvstream_backend.io import files
+
+    real = getattr(files, step)
+
+    def broken(*args, **kw):
+        if tier_dirs[1] in str(args[0]):
+            raise RuntimeError(f"injected failure in {step}")
+        return real(*args, **kw)
+
+    e = make_engine(tier_dirs)
+    monkeypatch.setattr(files, step, broken)
+    keys = [f"f{i}" for i in range(8)]
+    write_all(e, keys, 20 * KB, timeout=30)  # drains: every copy came back
+    assert all(e.tiers[0].has(fmt.key_digest(k)) for k in keys)
+    assert not any(e.tiers[1].has(fmt.key_digest(k)) for k in keys)
+    assert e.tiers[1].used == 0, "the failed copies' reservations were returned"
+    assert not _files(tier_dirs[1], "*.tmp") and not _files(tier_dirs[1])
+    check_all(e, keys, 20 * KB)
+    t = time.monotonic()
+    e.close()
+    assert time.monotonic() - t < 10
