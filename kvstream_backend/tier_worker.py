@@ -36,7 +36,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from . import format as fmt
 from .config import KVStreamConfig
@@ -45,6 +45,7 @@ from .handles import Buffer, ReadHandle, payload_view
 from .io import files
 from .io.memory import AlignedBuffer
 from .io.ops import IoOp, IoQueue, Waker
+from .io.threads import Workers
 from .tier import Tier
 
 log = logging.getLogger("kvstream")
@@ -146,9 +147,9 @@ class TierWorker:
         self._wthrottle = Throttle(em.write_mbps, em, 2 * index + 1) if em and em.write_mbps \
             else None
         self._inbox: collections.deque[Job] = collections.deque()
-        self._files = ThreadPoolExecutor(max_workers=cfg.io_threads,
-                                         thread_name_prefix=f"kvs-{tier.name}-f")
-        self._filed: collections.deque[IoOp | WriteJob] = collections.deque()  # file steps done
+        self._files = Workers(cfg.io_threads, f"kvs-{tier.name}-f")
+        # file steps done: the tier thread's continuation and its argument
+        self._filed: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
         self._backlog: collections.deque[IoOp] = collections.deque()  # queue was at its depth
         self._held: list[tuple[float, int, IoOp]] = []  # emulation: (release time, seq, op)
         self._seq = 0
@@ -178,7 +179,7 @@ class TierWorker:
         self.waker.wake()
         self._thread.join(timeout)
         if not self._thread.is_alive():
-            self._files.shutdown(wait=True)
+            self._files.shutdown()  # idle: every job was delivered
             self.rq.close()
             self.wq.close()
             self.waker.close()
@@ -213,15 +214,8 @@ class TierWorker:
                 self._repair(job)
                 self._done(job)
         while self._filed:
-            x = self._filed.popleft()
-            if isinstance(x, IoOp):
-                if x.write and x.fd < 0:  # sealed: closed and published (or not)
-                    self._sealed(x)
-                else:
-                    self._submit(x)  # opened: the data goes to the queue
-            else:
-                self.tier.unreserve(x.size)  # the temp file could not be created
-                self._done(x)
+            then, x = self._filed.popleft()
+            then(x)
         for op in self.rq.reap():
             self._reaped(op, self._rthrottle)
         for op in self.wq.reap():
@@ -322,22 +316,27 @@ class TierWorker:
             return
         self._files.submit(self._open_copy, job)
 
-    def _filed_back(self, x: IoOp | WriteJob) -> None:
-        self._filed.append(x)
+    def _filed_back(self, then: Callable[[Any], None], x: object) -> None:
+        """File thread: have the tier thread continue with ``then(x)``."""
+        self._filed.append((then, x))
         self.waker.wake()
 
     def _open_copy(self, job: WriteJob) -> None:
         """File thread: the copy's temp file, and its aligned bounce copy if one is needed.
         Whatever happens, the job comes back (an unexpected error as ``EIO``)."""
         try:
-            self._filed_back(self._open_temp(job))
+            self._filed_back(self._submit, self._open_temp(job))
         except OSError as e:
             job.errno = e.errno or errno.EIO
-            self._filed_back(job)
+            self._filed_back(self._open_failed, job)
         except Exception:  # noqa: BLE001 - the job must come back, or close() waits for it
             log.exception("kvstream: tier %s: preparing a copy failed", self.tier.name)
             job.errno = errno.EIO
-            self._filed_back(job)
+            self._filed_back(self._open_failed, job)
+
+    def _open_failed(self, job: WriteJob) -> None:
+        self.tier.unreserve(job.size)
+        self._done(job)
 
     def _open_temp(self, job: WriteJob) -> IoOp:
         """The copy's write op; on failure no temp file or descriptor is left behind."""
@@ -375,7 +374,7 @@ class TierWorker:
                 files.close(op.fd, drop_pages=False)
                 op.fd = -1
             files.unlink_quiet(tmp)
-        self._filed_back(op)
+        self._filed_back(self._sealed, op)
 
     def _seal_file(self, op: IoOp) -> None:
         job, tmp = op.ctx

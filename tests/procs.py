@@ -11,9 +11,12 @@ keys as the others and reads them back repeatedly; prints ``RESULT reads wrong m
 from __future__ import annotations
 
 import sys
+import threading
 
+from kvstream_backend import engine as engine_mod
 from kvstream_backend.config import parse_config
 from kvstream_backend.engine import Engine, payload_view
+from kvstream_backend.io import files
 from kvstream_backend.io.memory import AlignedBuffer
 
 from .helpers import payload
@@ -79,9 +82,30 @@ def share(d0: str, shared: str, ident: int, n: int, rounds: int) -> None:
     print(f"RESULT {reads} {wrong} {misses}", flush=True)
 
 
+def hung_exit(d0: str, hung: str) -> None:
+    create_temp = files.create_temp
+
+    def blocking(tmp_dir: str, *args: object) -> tuple[int, str]:
+        if tmp_dir.startswith(hung):
+            print("HUNG", flush=True)
+            threading.Event().wait()  # as open(2) in D state on a dead hard mount
+        return create_temp(tmp_dir, *args)  # type: ignore[arg-type]
+
+    e = _engine([d0, hung])  # (its start-up probe writes a file: hang only after it)
+    files.create_temp = blocking
+    engine_mod.IO_DRAIN_S = 1.0
+    buf = AlignedBuffer(SIZE)
+    buf.view[:SIZE] = payload("hung-0", SIZE)
+    e.write("hung-0", buf, SIZE, b"", on_published=lambda k: print(f"PUB {k}", flush=True))
+    e.close(timeout=1.0)
+    print("CLOSED", flush=True)
+
+
 if __name__ == "__main__":
     role, *args = sys.argv[1:]
     if role == "crash-writer":
         crash_writer(args[0], args[1], int(args[2]))
+    elif role == "hung-exit":
+        hung_exit(args[0], args[1])
     else:
         share(args[0], args[1], int(args[2]), int(args[3]), int(args[4]))

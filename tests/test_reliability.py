@@ -71,6 +71,22 @@ def test_sigkilled_writer_loses_nothing_acknowledged(tier_dirs) -> None:
     assert len(acked) > 0
 
 
+def test_a_hung_file_step_does_not_hold_process_exit(tier_dirs) -> None:
+    """A copy whose file creation never returns (a dead hard mount) costs the close its bounded
+    wait; the process still exits, and the other tier's copy was published."""
+    p = _spawn("hung-exit", *tier_dirs)
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        raise AssertionError(f"the process did not exit: {out!r}") from None
+    assert p.returncode == 0, out
+    lines = out.split()
+    assert "HUNG" in lines and "CLOSED" in lines and "hung-0" in lines, out
+    assert len(_chunk_files(tier_dirs[0])) == 1 and not _chunk_files(tier_dirs[1])
+
+
 def test_four_nodes_share_a_tier(tmp_path, tier_dirs) -> None:
     shared = tier_dirs[1]
     n = 120

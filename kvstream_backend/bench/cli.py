@@ -491,8 +491,8 @@ def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: 
                               "of per-round ratios)", statistics.median(vis), ">= 0.8 (near)",
                               statistics.median(vis) >= 0.8))
     write_rows = [WriteRow(name, _WRITE_ROWS.get(name, "") or (
-        f"{limit_tool} O_DIRECT write on {name[6:]}, taken right after kvstream's round "
-        "(emulated: the slower of that and the nominal rate)"), secs)
+        f"{limit_tool} O_DIRECT write on {name.removeprefix('limit-')}, taken right after "
+        "kvstream's round (emulated: the slower of that and the nominal rate)"), secs)
         for name, secs in writes.items()]
     load_a = by["kvstream+load"].median_s / a.median_s
     load_d = by["lmcache-disk+load"].median_s / d.median_s

@@ -1,13 +1,60 @@
-"""Thread-pool queue: ``os.preadv``/``os.pwritev`` for tiers where io_uring is unavailable."""
+"""Thread-pool queue: ``os.preadv``/``os.pwritev`` for tiers where io_uring is unavailable; and
+the daemon worker threads that it and a tier's file steps run on."""
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from .memory import exporter
 from .ops import IoOp, Waker
+
+log = logging.getLogger("kvstream")
+
+
+class Workers:
+    """``n`` daemon threads that run submitted calls, first submitted first started.
+
+    Daemon threads, unlike :class:`concurrent.futures.ThreadPoolExecutor`'s, which the
+    interpreter joins at exit: a call blocked on a dead hard-mounted network file system must not
+    hold the process's exit. A call hands its result back itself; one that raises is logged, and
+    the thread goes on.
+    """
+
+    def __init__(self, n: int, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._calls.put((fn, args))
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            fn, args = call
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - keep the thread; the call's owner times it out
+                log.exception("kvstream: %s failed", getattr(fn, "__qualname__", fn))
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Run what was submitted, then stop; False if a thread is still busy after
+        ``timeout`` (it is left behind, a daemon)."""
+        for _ in self._threads:
+            self._calls.put(None)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
 
 
 def transfer(op: IoOp) -> None:
@@ -29,7 +76,7 @@ class ThreadQueue:
     kind = "threads"
 
     def __init__(self, depth: int, threads: int, waker: Waker, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"kvs-{name}")
+        self._pool = Workers(threads, f"kvs-{name}")
         self._depth = depth
         self._waker = waker
         self._done: collections.deque[IoOp] = collections.deque()
@@ -58,4 +105,4 @@ class ThreadQueue:
         return out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
