@@ -223,7 +223,11 @@ class Engine:
         return self._wait(lambda: self._writer.quiet() and self._reads_quiet, timeout)
 
     def _wait(self, pred: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait for ``pred`` (state the loop changes). The loop is woken once, to run a turn;
+        each turn notifies ``_idle``. Waking it again on every notification would make the
+        two threads ping-pong on the GIL for the whole wait (it doubled the CPU of a flush)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._waker.wake()
         with self._idle:
             while True:
                 if pred():
@@ -231,7 +235,6 @@ class Engine:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._waker.wake()
                 self._idle.wait(0.05 if left is None else min(left, 0.05))
 
     def close(self, timeout: float | None = None) -> None:
