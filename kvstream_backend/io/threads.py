@@ -8,7 +8,6 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,15 +45,12 @@ class Workers:
             except Exception:  # noqa: BLE001 - keep the thread; the call's owner times it out
                 log.exception("kvstream: %s failed", getattr(fn, "__qualname__", fn))
 
-    def shutdown(self, timeout: float | None = None) -> bool:
-        """Run what was submitted, then stop; False if a thread is still busy after
-        ``timeout`` (it is left behind, a daemon)."""
+    def shutdown(self) -> None:
+        """Run what was submitted, then stop the threads (callers shut down when idle)."""
         for _ in self._threads:
             self._calls.put(None)
-        deadline = None if timeout is None else time.monotonic() + timeout
         for t in self._threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self._threads)
+            t.join()
 
 
 def transfer(op: IoOp) -> None:
