@@ -3,13 +3,16 @@
 Off by default and kept apart from the real path: the engine asks a :class:`Throttle` *when*
 an op that really completed may be reported complete. The tier is modelled as one device that
 moves bytes serially at a (fluctuating) rate, so a claim of ``m`` parallel reads takes ``m``
-times as long as one, as on a bandwidth-bound network file system.
+times as long as one, as on a bandwidth-bound network file system. A throttle's rates are a
+function of its seed and of the time since its first op, so :func:`serial_seconds` replays the
+emulated device's limit for given bytes (what fio would measure, if it could see the throttle).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 
 from .config import EmulateConfig
 
@@ -24,9 +27,13 @@ class Throttle:
         self._busy_until = 0.0
         self._high = True
         self._switch_at = 0.0
+        self._t0: float | None = None  # the first op's start: the rates' time origin
 
     def rate_at(self, now: float) -> float:
         """Bytes per second the emulated tier delivers at ``now``."""
+        if self._t0 is None:
+            self._t0 = now
+        now -= self._t0
         j, c = self.cfg.jitter, self.cfg
         if c.pattern == "periodic":
             return self.rate * (1 + j * math.sin(2 * math.pi * now / c.period_s))
@@ -43,3 +50,19 @@ class Throttle:
         end = max(t_done, start + nbytes / self.rate_at(start))
         self._busy_until = end
         return end
+
+
+def tier_throttle(cfg: EmulateConfig, index: int, write: bool) -> Throttle | None:
+    """The throttle of tier ``index``'s writes (or reads); None where that direction runs free.
+    Each tier and direction draws from its own random stream, the same for the same arguments."""
+    mbps = cfg.write_mbps if write else cfg.read_mbps
+    return Throttle(mbps, cfg, 2 * index + write) if mbps else None
+
+
+def serial_seconds(throttle: Throttle, sizes: Iterable[int]) -> float:
+    """Seconds a fresh ``throttle``'s device takes to move ops of ``sizes`` back to back: the
+    emulated tier's limit for those bytes, whatever the file system under it does."""
+    t = 0.0
+    for n in sizes:
+        t = throttle.release_at(t, t, n)
+    return t

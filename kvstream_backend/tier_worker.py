@@ -40,7 +40,7 @@ from typing import Any
 
 from . import format as fmt
 from .config import KVStreamConfig
-from .emulate import Throttle
+from .emulate import Throttle, tier_throttle
 from .handles import Buffer, ReadHandle, payload_view
 from .io import files
 from .io.memory import AlignedBuffer
@@ -143,9 +143,8 @@ class TierWorker:
             self.waker.close()
             raise
         em = tier.cfg.emulate
-        self._rthrottle = Throttle(em.read_mbps, em, 2 * index) if em and em.read_mbps else None
-        self._wthrottle = Throttle(em.write_mbps, em, 2 * index + 1) if em and em.write_mbps \
-            else None
+        self._rthrottle = tier_throttle(em, index, write=False) if em else None
+        self._wthrottle = tier_throttle(em, index, write=True) if em else None
         self._inbox: collections.deque[Job] = collections.deque()
         self._files = Workers(cfg.io_threads, f"kvs-{tier.name}-f")
         # file steps done: the tier thread's continuation and its argument

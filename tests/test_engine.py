@@ -12,6 +12,8 @@ import time
 import pytest
 
 from kvstream_backend import format as fmt
+from kvstream_backend.config import EmulateConfig
+from kvstream_backend.emulate import serial_seconds, tier_throttle
 from kvstream_backend.io.memory import AlignedBuffer
 
 from .conftest import engine_config, requires_uring
@@ -416,6 +418,21 @@ def test_a_slow_tier_never_holds_back_the_fast_tiers_copies(tier_dirs, make_engi
     assert len(e.tiers[1]) == 16  # and it does get every chunk
     for b in bufs:
         b.release()
+
+
+def test_an_emulated_tier_writes_at_its_throttle_replayed(tier_dirs, make_engine):
+    """The bench's emulated write limit is the tier's throttle replayed over the chunk files
+    (``emulate.serial_seconds``); the engine's copies draw the same rates (the throttle's time
+    origin is its first op), so they take at least that long, and not much longer."""
+    em = {"write_mbps": 4, "jitter": 0.35, "pattern": "bursty", "period_s": 0.2, "seed": 3}
+    e = make_engine(tier_dirs, tier_opts=[{}, {"emulate": em}])
+    size, n = 128 * KB, 16  # 2 MiB: ~0.5 s at 4 MiB/s
+    replay = serial_seconds(tier_throttle(EmulateConfig(**em), 1, write=True),
+                            [fmt.HEADER_SIZE + size] * n)
+    t0 = time.monotonic()
+    write_all(e, [f"t{i}" for i in range(n)], size)
+    took = time.monotonic() - t0
+    assert replay <= took <= 1.3 * replay + 0.1, (replay, took)
 
 
 def test_staging_memory_is_bounded_shedding_lagging_copies_first(tier_dirs, make_engine):

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvstream_backend.cli import main
+from kvstream_backend.config import EmulateConfig
+from kvstream_backend.emulate import serial_seconds, tier_throttle
 from kvstream_backend.sim.cli import trace_path
 from kvstream_backend.sim.replay import Request, SimParams, reuse_distances, run, simulate
 
@@ -117,3 +119,15 @@ def test_sim_simple_format_and_errors(tmp_path) -> None:
     bad.write_text('{"t": 0, "blocks": [1]}\n{"oops": 1}\n')
     assert main(["sim", "--trace", str(bad), "--format", "simple", "--kv-bytes-per-token",
                  "1024", "--host-mem-gb", "1", "--tier-bw", "2,1"]) == 2
+
+
+def test_a_throttle_replay_gives_the_emulated_tiers_limit() -> None:
+    mib = [1 << 20] * 50
+    steady = EmulateConfig(write_mbps=100)
+    assert serial_seconds(tier_throttle(steady, 0, write=True), mib) == pytest.approx(0.5)
+    assert tier_throttle(steady, 0, write=False) is None  # reads run free
+    bursty = EmulateConfig(write_mbps=100, jitter=0.35, pattern="bursty", period_s=0.1, seed=1)
+    a = serial_seconds(tier_throttle(bursty, 0, write=True), mib)
+    assert a == serial_seconds(tier_throttle(bursty, 0, write=True), mib)  # reproducible
+    assert a != serial_seconds(tier_throttle(bursty, 1, write=True), mib)  # a stream per tier
+    assert 0.5 / 1.35 <= a <= 0.5 / 0.65
