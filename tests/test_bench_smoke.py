@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
+from kvstream_backend import format as fmt
+from kvstream_backend.bench.cli import DEFAULT_PFS
 from kvstream_backend.cli import main
+from kvstream_backend.config import EmulateConfig
+from kvstream_backend.emulate import serial_seconds, tier_throttle
 
 
 def test_bench_runs_every_configuration(tmp_path) -> None:
@@ -21,9 +26,29 @@ def test_bench_runs_every_configuration(tmp_path) -> None:
     assert rep["bound_s"] > 0 and len(rep["targets"]) >= 4
     writes = {w["name"]: w["seconds"] for w in rep["writes"]}
     assert set(writes) == {"kvstream", "kvstream-visible", "lmcache-disk", "limit-nvme",
-                           "limit-pfs"}
+                           "limit-pfs", "limit-nvme+others", "limit-pfs+others"}
     assert all(len(s) == 2 and all(x > 0 for x in s) for s in writes.values())
-    # the emulated tier's write limit is never faster than its nominal rate (400 MiB/s)
-    assert min(writes["limit-pfs"]) >= rep["write_bytes"] / (400 << 20) * 0.999
+    # the emulated tier's write limit is never faster than its throttle replayed over the
+    # round's chunk files (the second tier's write stream, as in the engine)
+    chunk = rep["setup"]["chunk_bytes"]
+    replay = serial_seconds(tier_throttle(EmulateConfig(**DEFAULT_PFS), 1, write=True),
+                            [fmt.HEADER_SIZE + fmt.padded(chunk)] * (rep["write_bytes"] // chunk))
+    assert min(writes["limit-pfs"] + writes["limit-pfs+others"]) >= replay * 0.999
     assert png.stat().st_size > 10_000
     assert not list(tmp_path.glob("kvstream-bench-*")), "the bench left its tiers behind"
+
+
+def test_bench_on_given_tiers_leaves_them_as_it_found_them(tmp_path, capsys) -> None:
+    """Each run works in a new subdirectory of a ``--tier`` path: chunks a run left behind
+    would turn the next run's first write round into no-ops."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "mine").write_text("not the bench's")
+    tiny = ["bench", "--requests", "1", "--chunks", "2", "--steps", "1", "--layers", "2",
+            "--kv-bytes-per-token", "4096", "--write-rounds", "1", "--workdir", str(tmp_path)]
+    assert main([*tiny, "--tier", str(a), "--tier", f"{b}:write_mbps=400"]) == 0
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == ["mine"]
+    assert main([*tiny, "--tier", str(a), "--tier", str(tmp_path / "unmounted")]) == 2
+    assert "unmounted: no such directory" in " ".join(capsys.readouterr().out.split())
+    assert os.listdir(a) == ["mine"]

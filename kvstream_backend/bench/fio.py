@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -37,17 +38,21 @@ def read_files(files: list[str], block: int, depth: int, workdir: str) -> tuple[
     return job["io_bytes"] / job["bw_bytes"], int(job["io_bytes"])
 
 
-def write_file(workdir: str, size: int, block: int, depth: int) -> tuple[float, int]:
-    """Write ``size`` bytes to a new file in ``workdir`` with fio (io_uring, O_DIRECT), the
-    tier's write limit; return (seconds, bytes). The file is removed."""
-    with tempfile.TemporaryDirectory(prefix="fio-w-", dir=workdir) as d:
-        cmd = [
-            "fio", "--name=kvstream-write", "--rw=write", f"--bs={block}", "--direct=1",
-            "--ioengine=io_uring", f"--iodepth={depth}", "--output-format=json",
-            f"--size={size}", f"--filename={os.path.join(d, 'w')}", "--end_fsync=1",
-        ]
+def write_files(workdirs: list[str], size: int, block: int, depth: int) -> list[tuple[float, int]]:
+    """Write ``size`` bytes to a new file in each of ``workdirs`` with fio (io_uring, O_DIRECT),
+    one job per directory, all at once; return (seconds, bytes) per directory. One directory
+    gives its tier's write limit; several give each tier's limit while the others are written
+    too (the limit of replication where tiers share CPUs or a disk). The files are removed."""
+    with contextlib.ExitStack() as stack:
+        cmd = ["fio", "--rw=write", f"--bs={block}", "--direct=1", "--ioengine=io_uring",
+               f"--iodepth={depth}", "--output-format=json", f"--size={size}",
+               "--end_fsync=1"]
+        for i, w in enumerate(workdirs):
+            d = stack.enter_context(tempfile.TemporaryDirectory(prefix="fio-w-", dir=w))
+            cmd += [f"--name=kvstream-write-{i}", f"--filename={os.path.join(d, 'w')}"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"fio failed: {out.stderr.strip()[-500:]}")
-    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]["write"]
-    return job["io_bytes"] / job["bw_bytes"], int(job["io_bytes"])
+    jobs = json.loads(out.stdout[out.stdout.index("{"):])["jobs"]
+    return [(j["write"]["io_bytes"] / j["write"]["bw_bytes"], int(j["write"]["io_bytes"]))
+            for j in jobs]

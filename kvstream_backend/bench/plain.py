@@ -45,6 +45,13 @@ def read_files(files: list[str], depth: int) -> tuple[float, int]:
     return secs, total
 
 
+def write_files(workdirs: list[str], size: int, block: int, depth: int
+                ) -> list[tuple[float, int]]:
+    """:func:`write_file` in each of ``workdirs``, all at once (see :func:`fio.write_files`)."""
+    with ThreadPoolExecutor(max_workers=len(workdirs)) as pool:
+        return list(pool.map(lambda w: write_file(w, size, block, depth), workdirs))
+
+
 def write_file(workdir: str, size: int, block: int, depth: int) -> tuple[float, int]:
     """Write ``size`` bytes to a new O_DIRECT file in ``workdir`` from ``depth`` threads;
     return (seconds, bytes). The file is removed."""
