@@ -15,7 +15,7 @@ from kvstream_backend.emulate import serial_seconds, tier_throttle
 def test_bench_runs_every_configuration(tmp_path) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(["bench", "--requests", "2", "--chunks", "3", "--steps", "1", "--layers", "2",
-               "--kv-bytes-per-token", "4096", "--write-rounds", "2", "--workdir", str(tmp_path),
+               "--kv-bytes-per-token", "4096", "--write-rounds", "6", "--workdir", str(tmp_path),
                "--json", str(out), "--plot", str(png)])
     assert rc == 0
     rep = json.loads(out.read_text())
@@ -27,7 +27,9 @@ def test_bench_runs_every_configuration(tmp_path) -> None:
     writes = {w["name"]: w["seconds"] for w in rep["writes"]}
     assert set(writes) == {"kvstream", "kvstream-visible", "lmcache-disk", "limit-nvme",
                            "limit-pfs", "limit-nvme+others", "limit-pfs+others"}
-    assert all(len(s) == 2 and all(x > 0 for x in s) for s in writes.values())
+    # six rounds: LMCache's disk backend never frees the capacity its removals release, so
+    # the bench must size it for every round (with fewer, the leak stayed under its capacity)
+    assert all(len(s) == 6 and all(x > 0 for x in s) for s in writes.values())
     # the emulated tier's write limit is never faster than its throttle replayed over the
     # round's chunk files (the second tier's write stream, as in the engine)
     chunk = rep["setup"]["chunk_bytes"]

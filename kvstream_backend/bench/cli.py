@@ -176,6 +176,11 @@ class Bench:
         self.cap_gb = (5 * self.D + (self.S + 2) * self.D) / GiB * 1.2
         for t in self.tiers:
             t.setdefault("max_size_gb", self.cap_gb)
+        # LMCache 0.5.6's LocalDiskBackend.remove() lowers `usage` but not the
+        # `current_cache_size` it admits by (only its evictions do): every byte the run puts
+        # stays counted, so its capacity holds them all (the write rounds and each round's
+        # backlog), or it evicts the chunks the steps read
+        self.disk_cap_gb = self.cap_gb + (2 * args.write_rounds + self.S + 1) * self.D / GiB
         # LMCache's host memory per StorageManager: a step, the next step's prefetches and a
         # write backlog (two managers may be open at once: kvstream's and LMCache disk's)
         self.mem_gb = 3 * self.D / GiB + 0.5
@@ -202,7 +207,7 @@ class Bench:
                      kv(t[:2], claim_batch=m, static_split=g)) for g in (0.5, 0.7, 0.9)],
             # LMCache's disk index lives in memory only: its StorageManager stays open.
             Config("lmcache-disk", "LMCache LocalDiskBackend, first tier, O_DIRECT",
-                   self.W.local_disk_backend(disk_dir, self.cap_gb), persistent=True),
+                   self.W.local_disk_backend(disk_dir, self.disk_cap_gb), persistent=True),
         ]
         a, d = base[0], base[-1]
         budget_mb = max(1, (self.D >> 20) // 2)  # half the backlog: the bound must act
