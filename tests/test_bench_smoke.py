@@ -53,4 +53,6 @@ def test_bench_on_given_tiers_leaves_them_as_it_found_them(tmp_path, capsys) -> 
     assert sorted(os.listdir(a)) == sorted(os.listdir(b)) == ["mine"]
     assert main([*tiny, "--tier", str(a), "--tier", str(tmp_path / "unmounted")]) == 2
     assert "unmounted: no such directory" in " ".join(capsys.readouterr().out.split())
-    assert os.listdir(a) == ["mine"]
+    assert main([*tiny, "--tier", str(a), "--tier", f"{b}:jitter=2"]) == 2  # a bad option
+    assert "emulate.jitter" in capsys.readouterr().out
+    assert os.listdir(a) == os.listdir(b) == ["mine"]  # nothing made for a run refused

@@ -26,10 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from .. import format as fmt
-from ..config import EmulateConfig
+from ..config import parse_config
 from ..emulate import serial_seconds, tier_throttle
 from ..io import files
 from .report import BenchReport, ConfigResult, Target, TierResult, WriteRow, plot, render
@@ -99,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from ..config import ConfigError, parse_config
+    from ..config import ConfigError
 
     for name in ("lmcache", "kvstream"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -110,9 +108,6 @@ def run(args: argparse.Namespace) -> int:
         return run_gpu(args, console)
     try:
         bench = Bench(args, console)
-        parse_config({"kvstream.tiers": bench.tiers})
-        if len(bench.tiers) < 2:
-            raise ValueError("the benchmark needs two tiers (--tier twice)")
     except (ValueError, ConfigError) as e:
         console.print(f"[red]error:[/] {e}")
         return 2
@@ -156,26 +151,31 @@ class Bench:
         self._cleanup: list[str] = []
         if args.tier:
             self.tiers = [parse_tier(s, f"tier{i}") for i, s in enumerate(args.tier)]
-            for t in self.tiers:
-                if not os.path.isdir(t["path"]):
-                    raise ValueError(f"--tier {t['path']}: no such directory (is it mounted?)")
-            for t in self.tiers:  # a directory of this run's own: chunks an earlier run left
-                t["path"] = tempfile.mkdtemp(prefix="kvstream-bench-", dir=t["path"])
-                self._cleanup.append(t["path"])  # would make its first writes no-ops
-        else:
-            base = tempfile.mkdtemp(prefix="kvstream-bench-", dir=args.workdir)
-            shm = tempfile.mkdtemp(prefix="kvstream-bench-", dir="/dev/shm")
-            self._cleanup += [base, shm]
-            self.tiers = [{"name": "nvme", "path": os.path.join(base, "nvme")},
-                          {"name": "pfs", "path": os.path.join(shm, "pfs"),
-                           "emulate": DEFAULT_PFS}]
+            where = "--tier"
+        else:  # the default: a local-disk tier and an emulated network file system on tmpfs
+            self.tiers = [{"name": "nvme", "path": args.workdir},
+                          {"name": "pfs", "path": "/dev/shm", "emulate": DEFAULT_PFS}]
+            where = "--workdir"
+        self.cap_gb = (5 * self.D + (self.S + 2) * self.D) / GiB * 1.2
+        # checked before the run makes a directory of its own (none is left on a bad spec)
+        for t in self.tiers:
+            t.setdefault("max_size_gb", self.cap_gb)
+            if not os.path.isdir(t["path"]):
+                raise ValueError(f"{where} {t['path']}: no such directory (is it mounted?)")
+            if not os.access(t["path"], os.W_OK | os.X_OK):
+                raise ValueError(f"{where} {t['path']}: not writable")
+        self.emulate = [t.emulate for t in
+                        parse_config({"kvstream.tiers": self.tiers}, check_paths=False).tiers]
+        if len(self.tiers) < 2:
+            raise ValueError("the benchmark needs two tiers (--tier twice)")
+        for t in self.tiers:  # a directory of this run's own: chunks an earlier run left
+            t["path"] = tempfile.mkdtemp(prefix="kvstream-bench-", dir=t["path"])
+            self._cleanup.append(t["path"])  # would make its first writes no-ops
+        if not args.tier:
             self.notes.append(
                 f"embedded tiers: 'nvme' = {self.tiers[0]['path']} (local disk, real I/O); "
                 f"'pfs' = {self.tiers[1]['path']} (tmpfs) EMULATED as a network file system: "
                 f"{DEFAULT_PFS}")
-        self.cap_gb = (5 * self.D + (self.S + 2) * self.D) / GiB * 1.2
-        for t in self.tiers:
-            t.setdefault("max_size_gb", self.cap_gb)
         # LMCache 0.5.6's LocalDiskBackend.remove() lowers `usage` but not the
         # `current_cache_size` it admits by (only its evictions do): every byte the run puts
         # stays counted, so its capacity holds them all (the write rounds and each round's
@@ -375,9 +375,8 @@ class Bench:
         out = []
         for i, (secs, nbytes) in zip(tiers, measured, strict=True):
             secs *= size / nbytes
-            em = self.tiers[i].get("emulate")
-            cfg = msgspec.convert(em, EmulateConfig, strict=False) if em else None
-            throttle = tier_throttle(cfg, i, write=True) if cfg else None
+            em = self.emulate[i]
+            throttle = tier_throttle(em, i, write=True) if em else None
             if throttle is not None:
                 secs = max(secs, serial_seconds(throttle, sizes))
             out.append(secs)
