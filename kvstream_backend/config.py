@@ -69,12 +69,14 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     tiers: Annotated[list[TierConfig], Meta(min_length=1)]
     claim_batch: PositiveInt = 4
-    claim_depth: PositiveInt = 2
+    read_window: Literal["auto"] | PositiveInt = "auto"
+    read_target_ms: PositiveFloat = 25.0
     hedge: bool = True
     static_split: Fraction | None = None
     read_queue_depth: PositiveInt = 64
     write_queue_depth: PositiveInt = 8
     io_threads: PositiveInt = 4
+    verify_threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per core, at most 8
     staging_budget_mb: PositiveInt = 2048
     verify_checksums: bool = True
     warm_headers: bool = True
@@ -97,6 +99,11 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     @property
     def staging_budget_bytes(self) -> int:
         return self.staging_budget_mb << 20
+
+    @property
+    def verify_workers(self) -> int:
+        """Threads that verify checksums (shared by every tier; xxhash releases the GIL)."""
+        return self.verify_threads or min(8, os.cpu_count() or 1)
 
 
 _PATH_RE = re.compile(r"at `\$(?P<path>[^`]*)`")
@@ -141,7 +148,14 @@ def parse_params(params: dict[str, Any], *, label: str = "adapter_params") -> KV
     return _decode(dict(params), label, check_paths=False)
 
 
+REPLACED = {"claim_depth": "read_window (chunks in flight per tier; \"auto\" sizes it to the "
+                           "tier's measured bandwidth)"}
+
+
 def _decode(raw: dict[str, Any], label: str, check_paths: bool) -> KVStreamConfig:
+    for old, new in REPLACED.items():
+        if old in raw:
+            raise ConfigError(f"{label}.{old}: replaced in 0.2 by {label}.{new}")
     if "tiers" not in raw:
         raise ConfigError(f"{label}.tiers is required: a list of {{name, path, max_size_gb}}")
     if isinstance(raw["tiers"], str):
@@ -160,11 +174,10 @@ def _decode(raw: dict[str, Any], label: str, check_paths: bool) -> KVStreamConfi
 def _check_semantics(cfg: KVStreamConfig, label: str, check_paths: bool) -> None:
     if cfg.static_split is not None and len(cfg.tiers) != 2:
         raise ConfigError(f"{label}.static_split: a static split needs exactly two tiers")
-    if cfg.claim_batch * cfg.claim_depth > cfg.read_queue_depth:
+    if cfg.read_window != "auto" and cfg.read_window > cfg.read_queue_depth:
         raise ConfigError(
-            f"{label}.claim_batch: {cfg.claim_batch} x {label}.claim_depth "
-            f"{cfg.claim_depth} exceeds {label}.read_queue_depth ({cfg.read_queue_depth}); "
-            "the claims a tier keeps in flight must fit in its read queue"
+            f"{label}.read_window: {cfg.read_window} exceeds {label}.read_queue_depth "
+            f"({cfg.read_queue_depth}); the reads a tier keeps in flight must fit in its queue"
         )
     names: set[str] = set()
     roots: list[tuple[int, str]] = []

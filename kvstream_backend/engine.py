@@ -40,6 +40,7 @@ from .handles import Alloc, Buffer, ChunkInfo, ReadHandle, payload_view
 from .io.memory import SlabPool
 from .io.ops import Waker
 from .io.probe import IoPath, QueueFactory, make_queue
+from .io.threads import Workers
 from .readpool import ReadPool
 from .stats import EngineStats, StepReport, TierInfo
 from .tier import Tier
@@ -66,14 +67,16 @@ class Engine:
         self._pin_lock = threading.Lock()
         self._pins: collections.Counter[bytes] = collections.Counter()
         self._tiers: list[TierRuntime] = []
+        self._verify = Workers(cfg.verify_workers, "kvstream-verify")
         try:
             for i, tc in enumerate(cfg.tiers):
                 self._tiers.append(open_tier(i, tc, cfg, queue_factory, self._deliver,
-                                             self._evictable))
+                                             self._evictable, self._verify))
         except BaseException:
             for rt in self._tiers:
                 if rt.worker is not None:
                     rt.worker.close()
+            self._verify.shutdown()
             self._waker.close()
             raise
         self._slab = SlabPool()
@@ -261,6 +264,7 @@ class Engine:
         for rt in self._tiers:
             if rt.worker is not None:
                 rt.worker.close(IO_DRAIN_S)
+        self._verify.shutdown()
         self._waker.close()
         if self.cfg.stats_file:
             self._write_stats(self.cfg.stats_file)
@@ -364,7 +368,6 @@ class Engine:
         self._writer.pump(reads_busy=router.busy())
         if self._steps.open and router.step_done():
             self._steps.close(now)
-            router.end_step()
         self._reprobe(now)
         self._reads_quiet = not router.busy() and not self._cmds
         with self._idle:

@@ -83,7 +83,7 @@ def simulate_routed(
 ) -> StepSim:
     """Drive a real :class:`ClaimRouter`; tiers read their claims serially at ``bw_fns``."""
     k = len(bw_fns)
-    router = ClaimRouter(k, m, hedge)
+    router = ClaimRouter(k, m, hedge=hedge, window=m)  # a claim is read before the next
     for i in range(n_chunks):
         router.add(holders[i] if holders is not None else range(k))
     queue: list[list[int]] = [[] for _ in range(k)]  # chunks of the current claim, in order
@@ -95,7 +95,7 @@ def simulate_routed(
 
     def start_next(tier: int, now: float) -> None:
         if not queue[tier]:
-            queue[tier] = router.claim(tier)
+            queue[tier] = router.claim(tier, now)
         reading[tier] = bool(queue[tier])
         if queue[tier]:
             i = queue[tier].pop(0)
@@ -106,7 +106,7 @@ def simulate_routed(
     while events:
         now, tier, i = heapq.heappop(events)
         reading[tier] = False
-        if router.complete(tier, i):
+        if router.complete(tier, i, now):
             won[tier] += 1
             finish[tier] = now
             if not router.unresolved:

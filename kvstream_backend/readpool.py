@@ -44,11 +44,14 @@ class ReadPool:
         self._steps = steps
         self._tier_down = tier_down
         self._served = served  # (digest, tier) of every delivered chunk: replication upkeep
+        window = None if cfg.read_window == "auto" else cfg.read_window
+        target_s, most = cfg.read_target_ms / 1000, cfg.read_queue_depth
         self.router = (
-            ClaimRouter(len(tiers), cfg.claim_batch, cfg.hedge, cfg.claim_depth)
+            ClaimRouter(len(tiers), cfg.claim_batch, hedge=cfg.hedge, window=window,
+                        target_s=target_s, max_window=most)
             if cfg.static_split is None
             else StaticSplitRouter(len(tiers), cfg.claim_batch, cfg.static_split,
-                                   cfg.claim_depth)
+                                   window=window, target_s=target_s, max_window=most)
         )
         self._handles: dict[int, ReadHandle] = {}  # unresolved, by router id
         self._primary_busy: set[int] = set()  # ids whose own buffer is under a read
@@ -70,7 +73,7 @@ class ReadPool:
         for h in handles:
             d = h.info.digest
             holders = [i for i, rt in enumerate(self._tiers) if rt.tier.up and rt.tier.has(d)]
-            rid = self.router.add(holders, h.demanded)
+            rid = self.router.add(holders, h.info.payload_len, lookup=not h.demanded)
             h.rid = rid
             self._handles[rid] = h
             self.reading[d] = self.reading.get(d, 0) + 1
@@ -95,7 +98,7 @@ class ReadPool:
             if h.rid in self._handles:
                 self._steps.opened(now)
                 self._steps.joined()
-                self.router.promote(h.rid)
+                self.router.demand(h.rid)
             else:
                 self.prefetch_hits += h.result is not None
 
@@ -127,8 +130,8 @@ class ReadPool:
             if not rt.tier.up:
                 continue
             while self.router.has_room(ti):
-                pf = self._held_bytes < self._prefetch_max and now >= self._alloc_retry_at
-                rids = self.router.claim(ti, prefetch=pf)
+                ahead = self._held_bytes < self._prefetch_max and now >= self._alloc_retry_at
+                rids = self.router.claim(ti, now, ahead=ahead)
                 if not rids:
                     break
                 if not all([self._start(ti, rid, now) for rid in rids]):
@@ -182,7 +185,7 @@ class ReadPool:
         won = dead = False
         why = job.reason or (files.errname(job.errno) if job.errno else "lost")
         if job.ok:
-            won = self.router.complete(job.tier, rid)
+            won = self.router.complete(job.tier, rid, now)
         else:
             rt.meter.error(why)
             # a bad copy was quarantined by the worker: the other tiers may hold good ones

@@ -1,127 +1,224 @@
-"""Completion-driven meet-in-the-middle routing (KVStream M4), demand first. Pure policy: no
-I/O, no clock, no threads.
+"""Completion-driven meet-in-the-middle routing over step pools (KVStream M4). Pure policy: no
+I/O, no threads; time is whatever the caller passes as ``now``.
 
-Chunks are of two kinds:
+**Pools.** A pool is one serving step's chunks in the order LMCache asks for them. Chunks found
+by lookups (``add(..., lookup=True)``) join the *open* pool, in lookup order; the first get that
+waits for one of them (``demand``) *seals* that pool: it is now the step being served, and later
+lookups open the next pool. Chunks a get asks for without a lookup join the step being served
+(the newest sealed pool). Tiers work on the oldest pool first; a later pool is read only by a
+tier that has nothing left to claim or hedge in the earlier ones, so the next requests' lookups
+never pull a tier away from the step being served, while reads still start at lookup time.
 
-* **demanded**: a get waits for it. The demanded chunks of a step form the *pool*, an ordered
-  list that tiers claim from opposite ends (even tiers from the front, odd tiers from the back);
-* **prefetch**: a lookup expects a get to follow. A tier reads prefetches only when it has
-  nothing demanded to claim or hedge, oldest first. :meth:`promote` moves a prefetch into the
-  pool (at the back) the moment a get asks for it; :meth:`cancel` drops it, unread if no tier
-  had claimed it.
+**Ends.** Within a pool, tiers claim from opposite ends: the tier measured fastest so far takes
+the front (the first requests, whose gets come first), the next the back, and so on alternately;
+before any measurement the configuration order decides, and the ends swap as soon as the
+measurements disagree with it (so the order tiers are listed in does not matter). A tier that
+finishes a read claims again, up to ``m`` chunks at a time, so tiers meet wherever their
+bandwidths put the meeting point, with no split computed in advance. A tier only claims chunks
+it holds; no tier has room while an unclaimed chunk it holds remains in a pool (work
+conservation).
 
-Call protocol (one driver thread):
+**Windows.** A tier keeps at most ``window(tier)`` reads in flight. With ``window=None``
+(auto) it follows Little's law: ``ceil(rate * target_s / chunk size) + 1``, where ``rate`` is
+the tier's measured throughput (in-flight bytes over read latency at each completion), so a
+fast device gets the depth it needs to reach its bandwidth and a slow one no more than it can
+finish in about ``target_s`` (deep queues on a slow tier only make every one of its reads
+late). The window stays within ``[min_window, max_window]``; before the first completion it is
+``m``.
 
-1. ``add(holders, demand)`` registers a chunk and returns its id; ``holders`` are the tiers
-   that have a copy. Chunks may join at any time, also while reads are in flight.
-2. Whenever a read of a tier ends, and when chunks join, the driver calls ``claim(tier,
-   prefetch)``: with at most ``depth - 1`` claims' worth of reads still in flight, the tier
-   takes up to ``m`` chunks: unclaimed demanded chunks it holds from *its* end of the pool;
-   else, if ``prefetch`` allows, the oldest unclaimed prefetches it holds, leaving the last
-   claim slot free for demanded work; else, with nothing in flight, hedges (demanded chunks in
-   flight on other tiers: at most one in-flight window, ``m * depth``, per tier per step).
-   Reading ahead comes before hedging: a duplicate read only pays at the end of known work.
-3. Each read ends in ``complete(tier, i)`` (True for the first copy of chunk ``i``: the winner),
-   ``fail(tier, i)`` (the tier loses chunk ``i``; True when no tier can deliver it any more) or
-   ``abandon(tier, i)`` (a claim given up before it was issued, e.g. no buffer).
-4. ``drop_tier(tier)`` removes a tier that went down.
-5. When :meth:`step_done` (no demanded chunk unresolved), ``end_step()`` forgets the step's
-   chunks and resets the hedge budgets; the next demanded chunk opens the next step.
+**Hedges.** After its own claims in a pool, a tier with room re-reads chunks of that pool in
+flight on other tiers, if it would deliver them sooner (its per-byte latency against the time
+the other tier's read started plus that tier's per-byte latency); the first copy to land wins.
+At most ``max(m, the largest other window)`` hedges per tier per pool.
 
-Invariants: a tier only reads chunks it holds; no tier has room while an unclaimed demanded
-chunk it holds remains (work conservation); a chunk is delivered at most once; hedges per
-tier per step <= m * depth; a prefetch never delays a demanded chunk's claim; the state held
-is bounded by the open step's chunks plus the prefetches not yet promoted or cancelled.
+Call protocol (one driver thread): ``add`` registers a chunk and returns its id; ``claim(tier,
+now)`` whenever a tier may have room (after completions and additions); each claimed read ends
+in ``complete`` (True for the copy delivered), ``fail`` (the tier lost the chunk; True if no
+tier can deliver it any more) or ``abandon`` (given up before it was issued). ``cancel`` drops a
+chunk nobody waits for (unread if unclaimed); ``drop_tier`` forgets a tier that went down.
+
+Invariants: a chunk is delivered at most once; a pool is forgotten once every chunk in it is
+settled; the state held is bounded by the live pools' chunks plus reads still in flight.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Iterator
 
 UNCLAIMED, INFLIGHT, DONE, DEAD = 0, 1, 2, 3
+EWMA = 0.3  # weight of a new sample in a tier's rate and latency estimates
+COMPACT_AT = 4096  # a pool's claimed prefix is cut once longer than this (and half the pool)
+RERANK = 1.25  # a tier takes a faster end once its rate exceeds its neighbour's by this factor
+
+
+class _Pool:
+    """One step's chunk ids in arrival order, with the unclaimed span ``[lo, hi]``."""
+
+    __slots__ = ("ids", "base", "lo", "hi", "unclaimed", "live", "sealed", "inflight",
+                 "hedged")
+
+    def __init__(self, n_tiers: int) -> None:
+        self.ids: list[int] = []
+        self.base = 0  # absolute position of ids[0]
+        self.lo = 0  # no unclaimed chunk before absolute position lo ...
+        self.hi = -1  # ... nor after hi
+        self.unclaimed = 0
+        self.live = 0  # chunks neither delivered, dead nor cancelled
+        self.sealed = False
+        self.inflight: dict[int, None] = {}  # live chunks being read (hedge candidates)
+        self.hedged = [0] * n_tiers
 
 
 class _Chunk:
-    __slots__ = ("holders", "state", "readers", "demand", "pos", "step", "cancelled")
+    __slots__ = ("holders", "state", "readers", "pool", "pos", "size", "demanded", "cancelled")
 
-    def __init__(self, holders: set[int], demand: bool, step: int) -> None:
+    def __init__(self, holders: set[int], size: int, pool: _Pool | None) -> None:
         self.holders = holders
         self.state = UNCLAIMED if holders else DEAD
         self.readers: set[int] = set()
-        self.demand = demand
-        self.pos = -1  # absolute position in the step's pool (demanded chunks only)
-        self.step = step
+        self.pool = pool
+        self.pos = -1
+        self.size = size
+        self.demanded = False
         self.cancelled = False
 
 
 class ClaimRouter:
-    """Meet-in-the-middle claims over a demand pool, prefetches behind it (see module doc)."""
+    """Meet-in-the-middle claims over step pools (see the module doc)."""
 
-    def __init__(self, n_tiers: int, m: int, hedge: bool = True, depth: int = 1) -> None:
-        if n_tiers < 1 or m < 1 or depth < 1:
-            raise ValueError("need at least one tier, m >= 1 and depth >= 1")
+    def __init__(self, n_tiers: int, m: int, *, hedge: bool = True, window: int | None = None,
+                 target_s: float = 0.025, min_window: int = 2, max_window: int = 64) -> None:
+        if n_tiers < 1 or m < 1 or min_window < 1 or max_window < min_window:
+            raise ValueError("need at least one tier, m >= 1 and 1 <= min_window <= max_window")
+        if window is not None and window < 1:
+            raise ValueError("window must be >= 1 (or None: sized to each tier)")
         self.n_tiers = n_tiers
         self.m = m
         self.hedge = hedge
-        self.depth = depth
-        self._step = 0
+        self.fixed_window = window
+        self.target_s = target_s
+        self.min_window = min_window
+        self.max_window = max_window
         self.reset()
 
     def reset(self) -> None:
-        """Forget everything (chunks, claims, budgets)."""
+        """Forget every chunk, pool and measurement."""
+        n = self.n_tiers
         self._chunks: dict[int, _Chunk] = {}
+        self._pools: collections.deque[_Pool] = collections.deque()
         self._next = 0
-        self._outstanding = [0] * self.n_tiers
-        # unclaimed prefetches, oldest first
-        self._prefetch: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._new_pool()
+        self._outstanding = [0] * n
+        self._started: list[dict[int, tuple[float, float]]] = [{} for _ in range(n)]
+        self._area = [0.0] * n  # integral of the tier's reads in flight over time
+        self._area_at = [0.0] * n
+        self._rate: list[float | None] = [None] * n  # bytes/s
+        self._spb: list[float | None] = [None] * n  # read latency per byte, seconds
+        self._size: list[float | None] = [None] * n  # chunk size, bytes
+        self._demanded = 0  # demanded chunks neither delivered nor dead
+        self.hedged = [0] * n  # hedges issued, per tier (cumulative)
+        self._rank = list(range(n))  # tiers by measured rate, fastest first
+        self._front = [t % 2 == 0 for t in range(n)]  # per tier: claims from the front
 
-    def _new_pool(self) -> None:
-        self._pool: list[int] = []  # the step's demanded chunk ids, in order
-        self._base = 0  # absolute position of _pool[0]
-        self._lo = 0  # no unclaimed demanded chunk before absolute position _lo
-        self._hi = -1  # ... nor after _hi
-        self._unclaimed = 0  # demanded, unclaimed
-        self._unresolved = 0  # demanded, neither delivered nor dead
-        self._inflight: dict[int, None] = {}  # demanded chunks in flight (hedge candidates)
-        self.hedged = [0] * self.n_tiers
+    # ---- measurements ---------------------------------------------------------------------
+    def window(self, tier: int) -> int:
+        """Reads ``tier`` may keep in flight now (see the module doc)."""
+        if self.fixed_window is not None:
+            return self.fixed_window
+        rate, size = self._rate[tier], self._size[tier]
+        if rate is None or not size:
+            return min(max(self.m, self.min_window), self.max_window)
+        want = math.ceil(rate * self.target_s / size) + 1
+        return min(max(want, self.min_window), self.max_window)
+
+    def rate(self, tier: int) -> float | None:
+        """The tier's measured read throughput in bytes/s (None before its first read)."""
+        return self._rate[tier]
+
+    def _advance(self, tier: int, now: float) -> None:
+        """Integrate the tier's reads in flight up to ``now`` (before it changes)."""
+        if now > self._area_at[tier]:
+            self._area[tier] += self._outstanding[tier] * (now - self._area_at[tier])
+            self._area_at[tier] = now
+
+    def _measure(self, tier: int, i: int, size: int, now: float) -> None:
+        start = self._started[tier].pop(i, None)
+        if start is None or size <= 0:
+            return
+        t0, area0 = start
+        lat = max(now - t0, 1e-9)
+        # Little's law: throughput = reads in flight (averaged over this read's life) / latency
+        rate = max(self._area[tier] - area0, lat) * size / lat ** 2
+        old, spb = self._rate[tier], self._spb[tier]
+        self._rate[tier] = rate if old is None else old + EWMA * (rate - old)
+        self._spb[tier] = lat / size if spb is None else spb + EWMA * (lat / size - spb)
+        s = self._size[tier]
+        self._size[tier] = size if s is None else s + EWMA * (size - s)
+        self._rerank()
+
+    def _rerank(self) -> None:
+        """Keep the tiers ranked by measured rate (the fastest claims the front, the next the
+        back, alternating); a neighbour is passed only when it is clearly faster, so ends do
+        not flap between tiers of about the same speed."""
+        rank = self._rank
+        for j in range(1, len(rank)):
+            a, b = self._rate[rank[j - 1]] or 0.0, self._rate[rank[j]] or 0.0
+            if b > RERANK * a:
+                rank[j - 1], rank[j] = rank[j], rank[j - 1]
+                for k, t in enumerate(rank):
+                    self._front[t] = k % 2 == 0
 
     # ---- registration ---------------------------------------------------------------------
-    def add(self, holders: Iterable[int], demand: bool = True) -> int:
+    def add(self, holders: Iterable[int], size: int = 1, *, lookup: bool = False) -> int:
+        """Register a chunk; ``lookup``: found by a lookup (joins the open pool), else a get
+        waits for it (joins the step being served). Returns its id; a chunk no tier holds is
+        born dead."""
         i = self._next
         self._next += 1
-        c = _Chunk(set(holders), demand, self._step)
+        c = _Chunk(set(holders), size, None)
         self._chunks[i] = c
-        if c.state == UNCLAIMED:
-            if demand:
-                self._unresolved += 1
-                self._enqueue(i, c)
-            else:
-                self._prefetch[i] = None
+        if c.state == DEAD:
+            return i
+        pool = self._open_pool() if lookup else self._serving_pool()
+        c.pool, c.pos = pool, pool.base + len(pool.ids)
+        pool.ids.append(i)
+        pool.unclaimed += 1
+        pool.live += 1
+        pool.hi = c.pos
+        if not lookup:
+            c.demanded = True
+            self._demanded += 1
         return i
 
-    def _enqueue(self, i: int, c: _Chunk) -> None:
-        c.pos = self._base + len(self._pool)
-        self._pool.append(i)
-        self._unclaimed += 1
-        self._hi = c.pos
+    def _new_pool(self) -> _Pool:
+        pool = _Pool(self.n_tiers)
+        self._pools.append(pool)
+        return pool
 
-    def promote(self, i: int) -> None:
-        """A get now waits for prefetch ``i``: it joins the step's pool (at the back)."""
+    def _open_pool(self) -> _Pool:
+        if self._pools and not self._pools[-1].sealed:
+            return self._pools[-1]
+        return self._new_pool()
+
+    def _serving_pool(self) -> _Pool:
+        sealed = [p for p in self._pools if p.sealed]
+        if sealed:
+            return sealed[-1]
+        pool = self._open_pool()
+        pool.sealed = True
+        return pool
+
+    def demand(self, i: int) -> None:
+        """A get now waits for chunk ``i``: its pool, if still open, becomes the step served."""
         c = self._chunks.get(i)
-        if c is None or c.demand:
+        if c is None or c.demanded or c.cancelled:
             return
-        c.demand, c.step = True, self._step
-        if c.state == UNCLAIMED:
-            del self._prefetch[i]
-            self._unresolved += 1
-            self._enqueue(i, c)
-        elif c.state == INFLIGHT:
-            self._unresolved += 1
-            self._inflight[i] = None
-        else:
-            del self._chunks[i]  # already delivered or dead: the driver has its outcome
+        c.demanded = True
+        if c.state in (UNCLAIMED, INFLIGHT):
+            self._demanded += 1
+        if c.pool is not None:
+            c.pool.sealed = True
 
     def cancel(self, i: int) -> bool:
         """Nobody waits for chunk ``i`` any more; True if it was never claimed (nothing read)."""
@@ -130,25 +227,43 @@ class ClaimRouter:
             return False
         c.cancelled = True
         if c.state == UNCLAIMED:
-            if c.demand:
-                self._unclaimed -= 1
-                self._unresolved -= 1
-            else:
-                del self._prefetch[i]
+            assert c.pool is not None
+            c.pool.unclaimed -= 1
             c.state = DEAD
+            self._settled(i, c)
             self._forget(i, c)
             return True
-        if c.state != INFLIGHT:
+        if c.state == INFLIGHT:
+            self._settled(i, c)
+        else:
             self._forget(i, c)
         return False
 
+    def _settled(self, i: int, c: _Chunk) -> None:
+        """Chunk ``i`` stops being live (delivered, dead or cancelled); called once per chunk."""
+        if c.demanded:
+            self._demanded -= 1
+        pool = c.pool
+        if pool is None:
+            return
+        pool.live -= 1
+        pool.inflight.pop(i, None)
+        if pool.live == 0 and pool.unclaimed == 0:
+            self._pools.remove(pool)
+
+    def _forget(self, i: int, c: _Chunk) -> None:
+        if not c.readers and c.state != UNCLAIMED and (c.state != INFLIGHT or c.cancelled):
+            self._chunks.pop(i, None)
+
+    # ---- queries ---------------------------------------------------------------------------
     def __len__(self) -> int:
         """Chunks the router holds state for (bounded: see the module doc)."""
         return len(self._chunks)
 
-    def state(self, i: int) -> int:
-        """The state of a chunk the router still holds (KeyError once forgotten)."""
-        return self._chunks[i].state
+    def state(self, i: int) -> int | None:
+        """The state of chunk ``i``; None once settled and forgotten."""
+        c = self._chunks.get(i)
+        return None if c is None else c.state
 
     def outstanding(self, tier: int) -> int:
         return self._outstanding[tier]
@@ -156,114 +271,121 @@ class ClaimRouter:
     @property
     def unresolved(self) -> int:
         """Demanded chunks neither delivered nor dead."""
-        return self._unresolved
+        return self._demanded
 
     @property
-    def prefetch_pending(self) -> int:
-        """Prefetches registered and not claimed yet."""
-        return len(self._prefetch)
+    def pools(self) -> int:
+        """Live pools (the step served, the lookups of the next ones)."""
+        return len(self._pools)
 
     def busy(self) -> bool:
         """True while a demanded chunk is unresolved or any read is in flight."""
-        return self._unresolved > 0 or any(self._outstanding)
+        return self._demanded > 0 or any(self._outstanding)
 
     def step_done(self) -> bool:
-        return self._unresolved == 0
+        return self._demanded == 0
 
     def has_room(self, tier: int) -> bool:
-        return self._outstanding[tier] <= (self.depth - 1) * self.m
-
-    def _prefetch_room(self, tier: int) -> bool:
-        """Prefetches never take a tier's last claim slot: a get arriving while they are in
-        flight can start its reads on every tier at once."""
-        return self._outstanding[tier] + self.m <= max(1, self.depth - 1) * self.m
+        return self._outstanding[tier] < self.window(tier)
 
     # ---- claiming -------------------------------------------------------------------------
-    def _unclaimed_order(self, tier: int) -> Iterable[int]:
-        pool, base = self._pool, self._base
-        while self._lo <= self._hi and self._state_at(pool[self._lo - base]) != UNCLAIMED:
-            self._lo += 1
-        while self._hi >= self._lo and self._state_at(pool[self._hi - base]) != UNCLAIMED:
-            self._hi -= 1
-        if self._lo - base > 4096 and self._lo - base > len(pool) // 2:
-            self._compact()
-        lo, hi = self._lo - self._base, self._hi - self._base
-        return (pool[j] for j in (range(lo, hi + 1) if tier % 2 == 0 else range(hi, lo - 1, -1)))
-
-    def _state_at(self, i: int) -> int:
-        c = self._chunks.get(i)
-        return DEAD if c is None else c.state
-
-    def _compact(self) -> None:
-        """Drop the pool's claimed prefix (an endless step stays bounded)."""
-        cut = self._lo - self._base
-        for i in self._pool[:cut]:
-            c = self._chunks.get(i)
-            if c is not None and c.state in (DONE, DEAD) and not c.readers:
-                del self._chunks[i]
-        del self._pool[:cut]
-        self._base = self._lo
-
-    def claim(self, tier: int, prefetch: bool = True) -> list[int]:
-        """The chunks ``tier`` should read next (empty if it has no room or nothing to read)."""
-        if not self.has_room(tier):
-            return []
+    def claim(self, tier: int, now: float = 0.0, *, ahead: bool = True) -> list[int]:
+        """Up to ``m`` chunks ``tier`` should read next (fewer if its window is nearly full).
+        ``ahead=False`` (memory is short) claims only chunks a get waits for."""
+        room = min(self.m, self.window(tier) - self._outstanding[tier])
         picks: list[int] = []
-        if self._unclaimed:
-            for i in self._unclaimed_order(tier):
-                c = self._chunks.get(i)
-                if c is not None and c.state == UNCLAIMED and tier in c.holders:
-                    picks.append(i)
-                    if len(picks) == self.m:
-                        break
-            self._unclaimed -= len(picks)
-        if not picks and prefetch and self._prefetch and self._prefetch_room(tier):
-            for i in self._prefetch:
-                if tier in self._chunks[i].holders:
-                    picks.append(i)
-                    if len(picks) == self.m:
-                        break
-            for i in picks:
-                del self._prefetch[i]
-        if not picks and self.hedge and not self._outstanding[tier] and self._inflight:
-            budget = self.m * self.depth - self.hedged[tier]
-            order = list(self._inflight) if tier % 2 == 0 else reversed(list(self._inflight))
-            for i in order if budget > 0 else ():
+        for pool in list(self._pools):
+            if room <= 0:
+                break
+            for i in self._unclaimed(pool, tier, ahead):
                 c = self._chunks[i]
-                if tier in c.holders and tier not in c.readers:
-                    picks.append(i)
-                    if len(picks) == budget:
-                        break
-            self.hedged[tier] += len(picks)
+                c.state = INFLIGHT
+                pool.unclaimed -= 1
+                pool.inflight[i] = None
+                picks.append(i)
+                room -= 1
+                if not room:
+                    break
+            if room > 0 and self.hedge:
+                room -= self._hedge(pool, tier, now, room, picks)
+        self._advance(tier, now)
         for i in picks:
-            c = self._chunks[i]
-            c.state = INFLIGHT
-            c.readers.add(tier)
-            if c.demand:
-                self._inflight[i] = None
+            self._chunks[i].readers.add(tier)
+            self._started[tier][i] = (now, self._area[tier])
         self._outstanding[tier] += len(picks)
         return picks
 
-    # ---- completion -----------------------------------------------------------------------
-    def complete(self, tier: int, i: int) -> bool:
-        """``tier`` finished reading chunk ``i``; True if this copy is the one delivered."""
-        self._outstanding[tier] -= 1
+    def _unclaimed(self, pool: _Pool, tier: int, ahead: bool) -> Iterator[int]:
+        """Unclaimed chunks of ``pool`` that ``tier`` holds, from its end."""
+        if not pool.unclaimed:
+            return
+        ids, base = pool.ids, pool.base
+        while pool.lo <= pool.hi and self._state(ids[pool.lo - base]) != UNCLAIMED:
+            pool.lo += 1
+        while pool.hi >= pool.lo and self._state(ids[pool.hi - base]) != UNCLAIMED:
+            pool.hi -= 1
+        if pool.lo - base > COMPACT_AT and pool.lo - base > len(ids) // 2:
+            del ids[: pool.lo - base]  # an endless pool (a server's loads) stays bounded
+            pool.base = base = pool.lo
+        span = range(pool.lo - base, pool.hi - base + 1)
+        for j in span if self._front[tier] else reversed(span):
+            i = ids[j]
+            c = self._chunks.get(i)
+            if (c is not None and c.state == UNCLAIMED and tier in c.holders
+                    and (ahead or c.demanded)):
+                yield i
+
+    def _state(self, i: int) -> int:
         c = self._chunks.get(i)
+        return DEAD if c is None else c.state
+
+    def _hedge(self, pool: _Pool, tier: int, now: float, room: int, picks: list[int]) -> int:
+        others = [self.window(t) for t in range(self.n_tiers) if t != tier]
+        budget = min(room, max([self.m, *others]) - pool.hedged[tier])
+        spb = self._spb[tier]
+        if budget <= 0 or spb is None or not pool.inflight:
+            return 0
+        n = 0
+        for i in list(pool.inflight):
+            c = self._chunks[i]
+            if tier in c.readers or tier not in c.holders or i in picks:
+                continue
+            mine = now + spb * c.size
+            if all(mine < self._eta(o, i, c.size) for o in c.readers):
+                picks.append(i)
+                n += 1
+                if n == budget:
+                    break
+        pool.hedged[tier] += n
+        self.hedged[tier] += n
+        return n
+
+    def _eta(self, tier: int, i: int, size: int) -> float:
+        """When ``tier``'s read of chunk ``i`` should end (inf if the tier never finished one)."""
+        spb = self._spb[tier]
+        return math.inf if spb is None else self._started[tier][i][0] + spb * size
+
+    # ---- completion -----------------------------------------------------------------------
+    def complete(self, tier: int, i: int, now: float = 0.0) -> bool:
+        """``tier`` finished reading chunk ``i``; True if this copy is the one delivered."""
+        c = self._chunks.get(i)
+        self._advance(tier, now)
+        self._measure(tier, i, c.size if c is not None else 0, now)
+        self._outstanding[tier] -= 1
         if c is None:
             return False
         c.readers.discard(tier)
         won = c.state == INFLIGHT and not c.cancelled
-        if c.state == INFLIGHT:
+        if won:
             c.state = DONE
-            self._inflight.pop(i, None)
-            if c.demand:
-                self._unresolved -= 1
+            self._settled(i, c)
         self._forget(i, c)
         return won
 
     def fail(self, tier: int, i: int) -> bool:
         """``tier`` could not deliver chunk ``i``; True if the chunk is now dead (a miss)."""
-        self._outstanding[tier] -= 1
+        self._started[tier].pop(i, None)
+        self._outstanding[tier] -= 1  # (in flight until the last time the router was told)
         c = self._chunks.get(i)
         if c is None:
             return False
@@ -273,6 +395,7 @@ class ClaimRouter:
 
     def abandon(self, tier: int, i: int) -> bool:
         """``tier`` gives up chunk ``i`` before reading it; True if the chunk is now dead."""
+        self._started[tier].pop(i, None)
         self._outstanding[tier] -= 1
         c = self._chunks.get(i)
         if c is None:
@@ -281,26 +404,25 @@ class ClaimRouter:
         return self._settle(i, c)
 
     def _settle(self, i: int, c: _Chunk) -> bool:
-        if c.state != INFLIGHT or c.readers:
+        """A read of ``c`` ended without delivering it: give it back, or it is dead."""
+        if c.state != INFLIGHT or c.readers or c.cancelled:
             self._forget(i, c)
             return False
-        self._inflight.pop(i, None)
-        if c.holders and not c.cancelled:
+        pool = c.pool
+        assert pool is not None
+        pool.inflight.pop(i, None)
+        if c.holders:
             c.state = UNCLAIMED
-            if not c.demand:
-                self._prefetch[i] = None
-                self._prefetch.move_to_end(i, last=False)  # given back: keep its turn
-            elif c.step == self._step:
-                self._unclaimed += 1
-                self._lo, self._hi = min(self._lo, c.pos), max(self._hi, c.pos)
-            else:  # a demanded chunk of a closed step cannot be unresolved; defensive
-                self._enqueue(i, c)
+            pool.unclaimed += 1
+            if c.pos < pool.base:  # its place was compacted away: it goes to the back
+                c.pos = pool.base + len(pool.ids)
+                pool.ids.append(i)
+            pool.lo, pool.hi = min(pool.lo, c.pos), max(pool.hi, c.pos)
             return False
         c.state = DEAD
-        if c.demand:
-            self._unresolved -= 1
+        self._settled(i, c)
         self._forget(i, c)
-        return not c.cancelled
+        return True
 
     def drop_tier(self, tier: int) -> list[int]:
         """Forget ``tier`` as a holder of every chunk; return the chunks that became dead.
@@ -312,33 +434,14 @@ class ClaimRouter:
             if tier not in c.holders:
                 continue
             c.holders.discard(tier)
-            if c.state == UNCLAIMED and not c.holders:
+            if c.state == UNCLAIMED and not c.holders and not c.cancelled:
+                assert c.pool is not None
+                c.pool.unclaimed -= 1
                 c.state = DEAD
-                if c.demand:
-                    self._unclaimed -= 1
-                    self._unresolved -= 1
-                else:
-                    del self._prefetch[i]
+                self._settled(i, c)
                 dead.append(i)
                 self._forget(i, c)
         return dead
-
-    # ---- steps ----------------------------------------------------------------------------
-    def end_step(self) -> None:
-        """Close the step (precondition: :meth:`step_done`): forget its settled chunks."""
-        for i in self._pool:
-            c = self._chunks.get(i)
-            if c is not None and c.demand and c.state in (DONE, DEAD) and not c.readers:
-                del self._chunks[i]
-        self._step += 1  # hedge losers still reading are forgotten when their reads end
-        self._new_pool()
-
-    def _forget(self, i: int, c: _Chunk) -> None:
-        """Drop a settled chunk nobody will ask about: of a closed step, or cancelled."""
-        if c.readers or c.state in (UNCLAIMED, INFLIGHT):
-            return
-        if c.cancelled or (c.demand and c.step < self._step):
-            self._chunks.pop(i, None)
 
 
 class StaticSplitRouter(ClaimRouter):
@@ -346,22 +449,24 @@ class StaticSplitRouter(ClaimRouter):
 
     The k-th chunk added goes to tier 0 while tier 0 holds less than ``g`` of the chunks added
     so far, otherwise to tier 1 (so any prefix of the pool is split g : 1-g); each tier reads
-    only its own chunks, ``m`` at a time, and never hedges. Same protocol as
-    :class:`ClaimRouter`; used by ``kvstream bench`` to measure Eq. 6's penalty.
+    only its own chunks and never hedges. Same protocol as :class:`ClaimRouter`; used by
+    ``kvstream bench`` to measure Eq. 6's penalty.
     """
 
-    def __init__(self, n_tiers: int, m: int, split: float, depth: int = 1) -> None:
+    def __init__(self, n_tiers: int, m: int, split: float, *, window: int | None = None,
+                 target_s: float = 0.025, max_window: int = 64) -> None:
         if n_tiers != 2:
             raise ValueError("a static split needs exactly two tiers")
         self.split = split
         self._added = 0
         self._to_first = 0
-        super().__init__(n_tiers, m, hedge=False, depth=depth)
+        super().__init__(n_tiers, m, hedge=False, window=window, target_s=target_s,
+                         max_window=max_window)
 
-    def add(self, holders: Iterable[int], demand: bool = True) -> int:
+    def add(self, holders: Iterable[int], size: int = 1, *, lookup: bool = False) -> int:
         h = set(holders)
         self._added += 1
         first = self._to_first < self.split * self._added
         self._to_first += first
         want = 0 if first else 1
-        return super().add({want} if want in h else h, demand)
+        return super().add({want} if want in h else h, size, lookup=lookup)

@@ -17,6 +17,7 @@ from .accounting import TierMeter
 from .config import KVStreamConfig, TierConfig
 from .io.ops import IoQueue, Waker
 from .io.probe import IoPath, QueueFactory, probe
+from .io.threads import Workers
 from .tier import Tier
 from .tier_worker import Job, TierWorker
 
@@ -58,7 +59,8 @@ class TierRuntime:
 
 
 def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFactory,
-              deliver: Callable[[Job], None], evictable: Callable[[bytes], bool]) -> TierRuntime:
+              deliver: Callable[[Job], None], evictable: Callable[[bytes], bool],
+              verify: Workers) -> TierRuntime:
     """Open a tier's directory, probe its I/O path and start its worker.
 
     A tier whose root is missing (a file system not mounted yet) starts *down* and is probed
@@ -78,7 +80,7 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
                 raise
             return rq, wq
 
-        return TierWorker(index, tier, path.direct, cfg, make, deliver, evictable)
+        return TierWorker(index, tier, path.direct, cfg, make, deliver, evictable, verify)
 
     try:
         tier.open()

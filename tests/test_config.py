@@ -22,7 +22,10 @@ BAD = [
     ({"kvstream.bogus": 1}, "kvstream.bogus"),
     ({"kvstream.claim_batch": 0}, "kvstream.claim_batch"),
     ({"kvstream.claim_batch": "many"}, "kvstream.claim_batch"),
-    ({"kvstream.claim_batch": 99, "kvstream.read_queue_depth": 8}, "kvstream.claim_batch"),
+    ({"kvstream.read_window": 99, "kvstream.read_queue_depth": 8}, "kvstream.read_window"),
+    ({"kvstream.read_window": "deep"}, "kvstream.read_window"),
+    ({"kvstream.read_target_ms": 0}, "kvstream.read_target_ms"),
+    ({"kvstream.claim_depth": 2}, "kvstream.claim_depth"),  # replaced by read_window in 0.2
     ({"kvstream.hedge": "perhaps"}, "kvstream.hedge"),
     ({"kvstream.write_queue_depth": -1}, "kvstream.write_queue_depth"),
     ({"kvstream.staging_budget_mb": 0}, "kvstream.staging_budget_mb"),

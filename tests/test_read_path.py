@@ -50,7 +50,7 @@ def test_a_blocked_submit_on_one_tier_does_not_stall_the_other(controlled):
     tier 1 is still stuck in that one submit call."""
     ctl = Control()
     release = ctl.block_submit("t1-r")
-    e = controlled(ctl, claim_batch=2, claim_depth=2)
+    e = controlled(ctl, claim_batch=2, read_window=4)
     keys = [f"k{i}" for i in range(16)]
     write_all(e, keys, SIZE)
     handles = e.read(_requests(e, keys))
@@ -72,34 +72,38 @@ def test_a_blocked_submit_on_one_tier_does_not_stall_the_other(controlled):
     assert rep.tiers[0].hedged_bytes > 0  # tier 1's claims were re-read by tier 0
 
 
-def test_demand_first_promotion_and_cancelled_prefetches_are_never_read(controlled):
+def test_lookups_are_the_steps_pool_and_released_ones_are_never_read(controlled):
+    """A step's lookups are its pool, read from both ends in lookup order as soon as they are
+    registered; the first get seals it, so the next requests' lookups wait behind it, and a
+    lookup released before any tier claimed it is never read."""
     ctl = Control()
-    e = controlled(ctl, claim_batch=2, claim_depth=2)
-    demanded = [f"d{i}" for i in range(12)]
-    prefetch = [f"p{i}" for i in range(6)]
-    write_all(e, demanded + prefetch, SIZE)
+    e = controlled(ctl, claim_batch=2, read_window=2, hedge=False)
+    step = [f"s{i:02d}" for i in range(12)]
+    nxt = [f"n{i}" for i in range(6)]
+    write_all(e, step + nxt, SIZE)
     ctl.open.clear()  # from here on, submissions are held until release()
-    dh = e.read(_requests(e, demanded))
-    ph = e.read(_requests(e, prefetch, lazy=True), prefetch=True)
-    ph[0].discard()
-    ph[1].discard()
-    e.demand([ph[5]])  # a get now waits for p5: it joins the pool ahead of every prefetch
+    sh = e.read(_requests(e, step, lazy=True), prefetch=True)  # the step's lookups
+    e.demand(sh[:3])  # the first request's get
+    nh = e.read(_requests(e, nxt, lazy=True), prefetch=True)  # the next requests' lookups
+    nh[0].discard()
+    nh[1].discard()
     ctl.release()
-    for h in dh + [ph[5]]:
+    for h in sh + nh[2:]:
         buf = h.wait(10)
         assert buf is not None and bytes(buf.view[:SIZE]) == payload(h.key, SIZE)
-        buf.release()
-    for h in ph[2:5]:  # prefetches are read once no tier has demanded work
-        assert h.wait(10) is not None
         h.discard()
     assert e.wait_idle(10)
     order = [_key_of(op) for op in ctl.reads()]
-    assert "p0" not in order and "p1" not in order, "a released prefetch was read"
-    assert set(demanded + ["p5"]) <= set(order)
-    for tier in ("t0", "t1"):  # a tier turns to prefetches only once all demand is claimed
-        mine = [_key_of(op) for op in ctl.reads(tier) if op.ctx.primary]  # hedges aside
-        kinds = [k.startswith("d") or k == "p5" for k in mine]
-        assert kinds == sorted(kinds, reverse=True), f"{tier} read a prefetch early: {mine}"
+    assert "n0" not in order and "n1" not in order, "a released lookup was read"
+    t0 = [_key_of(op) for op in ctl.reads("t0")]
+    t1 = [_key_of(op) for op in ctl.reads("t1")]
+    assert t0[:2] == ["s00", "s01"] and t1[:2] == ["s11", "s10"], (t0, t1)
+    assert t0 == sorted(t0, key=lambda k: (k[0] != "s", k)), t0  # front to back
+    assert [k for k in t1 if k[0] == "s"] == sorted((k for k in t1 if k[0] == "s"),
+                                                    reverse=True), t1
+    for mine in (t0, t1):  # the next pool only once the step is all claimed
+        kinds = [k[0] == "s" for k in mine]
+        assert kinds == sorted(kinds, reverse=True), mine
     st = e.stats()
     assert st.prefetch_dropped >= 2 and st.prefetch_held_bytes == 0
 

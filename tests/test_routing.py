@@ -8,7 +8,7 @@ import random
 import pytest
 
 from kvstream_backend import model
-from kvstream_backend.routing import DONE, ClaimRouter
+from kvstream_backend.routing import INFLIGHT, UNCLAIMED, ClaimRouter
 
 
 def const(b: float):
@@ -69,9 +69,11 @@ def test_work_conservation_and_holders() -> None:
     for _ in range(200):
         h = {t for t in range(k) if rng.random() < 0.6} or {rng.randrange(k)}
         held.append(h)
-        r.add(h)
+        r.add(h, lookup=True)
+    r.demand(0)
     inflight: list[tuple[int, int]] = []
-    while r.busy():
+    delivered = 0
+    while inflight or any(r.state(i) == UNCLAIMED for i in range(len(held))):
         for t in range(k):
             for i in r.claim(t):
                 assert t in held[i]
@@ -79,11 +81,11 @@ def test_work_conservation_and_holders() -> None:
         for t in range(k):
             if r.outstanding(t) == 0:
                 assert not any(
-                    r.state(i) == 0 and t in held[i] for i in range(len(held))
+                    r.state(i) == UNCLAIMED and t in held[i] for i in range(len(held))
                 ), f"tier {t} idle with claimable work"
         t, i = inflight.pop(rng.randrange(len(inflight)))
-        assert r.complete(t, i)
-    assert all(r.state(i) == DONE for i in range(len(held)))
+        delivered += r.complete(t, i)
+    assert delivered == 200 and len(r) == 0 and r.pools == 0
 
 
 def test_meet_in_the_middle_order() -> None:
@@ -92,39 +94,58 @@ def test_meet_in_the_middle_order() -> None:
         r.add({0, 1})
     assert r.claim(0) == [0, 1, 2]
     assert r.claim(1) == [9, 8, 7]
-    assert r.claim(0) == []  # claim outstanding
+    assert r.claim(0) == []  # its window (m before the first measurement) is full
 
 
 def test_hedge_first_completion_wins() -> None:
     r = ClaimRouter(2, 2)
     for _ in range(4):
         r.add({0, 1})
-    a = r.claim(0)
-    for i in r.claim(1):
-        assert r.complete(1, i)
-    hedges = r.claim(1)  # nothing unclaimed: tier 1 re-reads tier 0's in-flight chunks
+    a = r.claim(0, 0.0)
+    for i in r.claim(1, 0.0):
+        assert r.complete(1, i, 0.01)
+    hedges = r.claim(1, 0.01)  # nothing unclaimed: tier 1 re-reads tier 0's in-flight chunks
     assert sorted(hedges) == sorted(a)
     for i in hedges:
-        assert r.complete(1, i)  # the hedge lands first and wins
+        assert r.complete(1, i, 0.02)  # the hedge lands first and wins
     for i in a:
-        assert not r.complete(0, i)  # the duplicate is discarded
-    assert not r.busy()
+        assert not r.complete(0, i, 0.5)  # the duplicate is discarded
+    assert not r.busy() and len(r) == 0
 
 
-def test_hedging_is_bounded_per_tier_per_step() -> None:
-    r = ClaimRouter(3, 1)
+def test_a_tier_hedges_only_what_it_delivers_sooner() -> None:
+    """Tier 1 reads a chunk in 0.1 s, tier 0 in 0.01 s: tier 1 never hedges tier 0's reads
+    (they land first anyway); tier 0 hedges tier 1's."""
+    r = ClaimRouter(2, 1, window=1)
+    for _ in range(2):  # measure both tiers
+        i = r.add({0, 1})
+        assert r.claim(0, 0.0) == [i] and r.complete(0, i, 0.01)
+        j = r.add({0, 1})
+        assert r.claim(1, 0.0) == [j] and r.complete(1, j, 0.1)
+    a, b = r.add({0, 1}), r.add({0, 1})
+    assert r.claim(0, 1.0) == [a] and r.claim(1, 1.0) == [b]
+    assert r.complete(0, a, 1.01)
+    assert r.claim(0, 1.01) == [b], "the fast tier re-reads the slow tier's chunk"
+    assert r.complete(0, b, 1.02)
+    assert not r.complete(1, b, 1.1)  # the duplicate is discarded
+    c, d = r.add({0, 1}), r.add({0, 1})
+    assert r.claim(0, 2.0) == [c] and r.claim(1, 2.0) == [d]
+    assert r.complete(1, d, 2.1)
+    assert r.claim(1, 2.1) == [], "c lands on tier 0 long before tier 1 could read it"
+
+
+def test_hedging_is_bounded_per_tier_per_pool() -> None:
+    r = ClaimRouter(3, 1, window=1)
     for _ in range(4):
         r.add({0, 1, 2})
-    assert r.claim(0) == [0]
-    assert r.claim(1) == [3]
-    assert r.claim(2) == [1]
-    assert r.complete(1, 3)
-    assert r.claim(1) == [2]
-    assert r.complete(1, 2)
-    assert r.claim(1) == [1]  # hedge of tier 2's chunk (budget m=1)
-    assert r.complete(1, 1)
-    assert r.claim(1) == []  # chunk 0 is still in flight on tier 0, but the budget is spent
-    assert r.hedged[1] == 1
+    assert r.claim(0, 0.0) == [0]
+    assert r.claim(1, 0.0) == [3]
+    assert r.claim(2, 0.0) == [1]
+    assert r.complete(1, 3, 0.1)
+    assert r.claim(1, 0.1) == [2]
+    assert r.complete(1, 2, 0.2)
+    assert r.claim(1, 0.2) in ([0], [1])  # a hedge (budget max(m, other windows) = 1)
+    assert r.outstanding(1) == 1 and r.hedged[1] == 1
     r.reset()
     assert r.hedged == [0, 0, 0]
 
@@ -133,9 +154,10 @@ def test_failure_moves_the_chunk_to_another_holder() -> None:
     r = ClaimRouter(2, 1)
     i = r.add({0, 1})
     assert r.claim(0) == [i]
-    assert r.claim(1) == [i]  # hedge
-    assert not r.fail(0, i)
-    assert r.complete(1, i)
+    assert not r.fail(0, i)  # tier 1 still holds it: it goes back to the pool
+    assert r.state(i) == UNCLAIMED
+    assert r.claim(0) == []  # tier 0 lost it
+    assert r.claim(1) == [i] and r.complete(1, i)
     j = r.add({0})
     assert r.claim(0) == [j]
     assert r.fail(0, j)  # no holder left: dead
@@ -156,7 +178,7 @@ def test_static_split_assigns_by_position(g: float) -> None:
     r = StaticSplitRouter(2, 4, g)
     for _ in range(100):
         r.add({0, 1})
-    taken = [[], []]
+    taken: list[list[int]] = [[], []]
     while r.busy():
         for t in (0, 1):
             for i in r.claim(t):
@@ -166,79 +188,165 @@ def test_static_split_assigns_by_position(g: float) -> None:
     assert r.hedged == [0, 0]
 
 
-def test_a_lookup_arriving_mid_step_does_not_take_tier_1_away() -> None:
-    """Request A (chunks 0-11) is being retrieved; B's lookup (12-23) arrives mid-step. Tier 1
-    must go on with A's chunks from the back, not jump to B's (the v0.1 behaviour)."""
-    r = ClaimRouter(2, 4)
-    a = [r.add({0, 1}) for _ in range(12)]
-    assert r.claim(0) == a[0:4]
-    assert r.claim(1) == a[11:7:-1]
-    b = [r.add({0, 1}, demand=False) for _ in range(12)]  # B's lookup: prefetch
-    for i in a[11:7:-1]:
-        assert r.complete(1, i)
-    assert r.claim(1) == a[7:3:-1], "tier 1 must stay on the demanded step"
-    for i in a[0:4]:
+def test_the_lookups_before_the_gets_are_one_pool_claimed_from_both_ends() -> None:
+    """LMCache's order: every request's lookup, then one get per request. The lookups are the
+    step's pool: tier 0 reads request A from the front while tier 1 starts at request C's end
+    (v0.2 read every lookup "oldest first" on every tier, so A waited on the slow tier)."""
+    r = ClaimRouter(2, 2, hedge=False, window=2)
+    a = [r.add({0, 1}, lookup=True) for _ in range(4)]
+    b = [r.add({0, 1}, lookup=True) for _ in range(4)]
+    c = [r.add({0, 1}, lookup=True) for _ in range(4)]
+    assert r.claim(0) == a[0:2]
+    assert r.claim(1) == [c[3], c[2]]
+    for i in a:
+        r.demand(i)  # A's get: the pool is now the step served
+    nxt = [r.add({0, 1}, lookup=True) for _ in range(4)]  # the next step's lookups
+    for i in a[0:2]:
         assert r.complete(0, i)
-    assert r.claim(0) == b[0:4]  # A is all claimed: tier 0 reads B ahead, oldest first
-    for i in a[7:3:-1]:
+    assert r.claim(0) == a[2:4]
+    for i in (c[3], c[2]):
         assert r.complete(1, i)
-    assert r.step_done()
+    assert r.claim(1) == [c[1], c[0]], "tier 1 stays on the step, not on the next lookups"
+    for i in a[2:4]:
+        assert r.complete(0, i)
+    assert r.claim(0) == b[0:2]
+    for i in (c[1], c[0]):
+        assert r.complete(1, i)
+    assert r.claim(1) == [b[3], b[2]]
+    for i in b[0:2]:
+        assert r.complete(0, i)
+    assert r.claim(0) == nxt[0:2], "only once the step is claimed does a tier read ahead"
+    assert r.step_done() and r.pools == 2
 
 
-def test_claim_again_on_completion_keeps_a_window_in_flight() -> None:
-    m, depth = 4, 2
-    r = ClaimRouter(2, m, depth=depth)
+def test_a_get_without_a_lookup_joins_the_step_served() -> None:
+    r = ClaimRouter(2, 4, hedge=False, window=4)
+    step = [r.add({0, 1}, lookup=True) for _ in range(4)]
+    r.demand(step[0])
+    nxt = [r.add({0, 1}, lookup=True) for _ in range(4)]
+    late = r.add({0, 1})  # a get for a chunk no lookup registered
+    assert r.unresolved == 2
+    assert r.claim(1) == [late, *step[3:0:-1]]  # the back of the step served, not the next
+    assert r.claim(0) == [step[0], *nxt[0:3]]
+    assert r.state(nxt[3]) == UNCLAIMED
+
+
+def test_memory_short_claims_only_what_a_get_waits_for() -> None:
+    r = ClaimRouter(1, 4, hedge=False)
+    ahead = [r.add({0}, lookup=True) for _ in range(3)]
+    waited = r.add({0}, lookup=True)
+    r.demand(waited)
+    assert r.claim(0, ahead=False) == [waited]
+    assert r.claim(0) == ahead
+
+
+def test_claim_again_on_completion_keeps_the_window_full() -> None:
+    r = ClaimRouter(2, 4, window=8)
     ids = [r.add({0, 1}) for _ in range(40)]
     assert r.claim(0) == ids[0:4] and r.claim(0) == ids[4:8]
-    assert r.claim(0) == []  # a window of m * depth in flight
+    assert r.claim(0) == []  # a window of 8 in flight
     assert r.complete(0, ids[0])
-    assert r.claim(0) == []  # still more than (depth - 1) * m in flight
-    for i in ids[1:4]:
-        assert r.complete(0, i)
-    assert r.outstanding(0) == m and r.claim(0) == ids[8:12]
-    assert r.outstanding(0) == m * depth
+    assert r.claim(0) == [ids[8]]  # a read ended: one more starts at once
+    assert r.outstanding(0) == 8
 
 
-def test_prefetch_waits_for_demand_and_promotion_joins_the_pool() -> None:
-    r = ClaimRouter(2, 2, hedge=False)
-    p = [r.add({0, 1}, demand=False) for _ in range(4)]
-    d = [r.add({0, 1}) for _ in range(2)]
-    assert r.claim(0, prefetch=True) == d  # demanded first, though added later
-    assert r.claim(1, prefetch=False) == []
-    r.promote(p[3])
-    assert r.claim(1, prefetch=False) == [p[3]]  # the promoted prefetch is demanded work
-    assert r.cancel(p[0])  # never claimed: nothing read
-    for i in d:
-        assert r.complete(0, i)
-    assert r.claim(0) == [p[1], p[2]]  # the oldest remaining prefetches
-    assert r.complete(1, p[3])
-    assert r.step_done()
+def _run_step(r: ClaimRouter, n: int, size: float, speed: list[tuple[float, float]],
+              lookups: bool = True) -> tuple[float, list[int]]:
+    """Serve ``n`` chunks on tiers that are processor-sharing servers: tier t moves
+    ``min(stream, total / in_flight)`` bytes/s per read (``speed[t] = (stream, total)``).
+    Returns (time of the last delivery, chunks delivered per tier)."""
+    ids = [r.add(range(len(speed)), int(size), lookup=lookups) for _ in range(n)]
+    for i in ids:  # the gets
+        r.demand(i)
+    left: dict[tuple[int, int], float] = {}
+    now, dt, last, won = 0.0, 1e-4, 0.0, [0] * len(speed)
+    while r.unresolved or left:  # hedge losers finish too
+        for t in range(len(speed)):
+            while r.has_room(t) and (picks := r.claim(t, now)):
+                for i in picks:
+                    left[(t, i)] = size
+        now += dt
+        for t, (stream, total) in enumerate(speed):
+            mine = [k for k in left if k[0] == t]
+            for k in mine:
+                left[k] -= dt * min(stream, total / len(mine))
+        for (t, i), rest in list(left.items()):
+            if rest <= 0:
+                del left[(t, i)]
+                if r.complete(t, i, now):
+                    won[t] += 1
+                    last = now
+    return last, won
+
+
+def test_windows_follow_littles_law() -> None:
+    """A fast tier (4.5 GB/s per read, 20 GB/s in all) grows its window until it reads near
+    its limit; a slow one (1.2 GB/s) stays at a couple of reads (deep queues only make every
+    one of its reads late)."""
+    mib32 = 32 << 20
+    fast, slow = ClaimRouter(1, 4), ClaimRouter(1, 4)
+    t_fast, _ = _run_step(fast, 256, mib32, [(4.5e9, 20e9)])
+    t_slow, _ = _run_step(slow, 16, mib32, [(1.2e9, 1.2e9)])
+    assert 10 <= fast.window(0) <= 20, fast.window(0)
+    assert 2 <= slow.window(0) <= 3, slow.window(0)
+    assert 256 * mib32 / t_fast >= 0.8 * 20e9, "the fast tier reads at >= 0.8x its limit"
+    assert 16 * mib32 / t_slow >= 0.95 * 1.2e9
+
+
+@pytest.mark.parametrize("order", ["fast-first", "slow-first"])
+@pytest.mark.parametrize("fast_total,goal", [(20e9, 0.99), (5e9, 0.90)])
+def test_two_tiers_beat_the_faster_alone_in_either_order(order: str, fast_total: float,
+                                                         goal: float) -> None:
+    """A 1.2 GB/s disk plus a fast tier, 4 GiB steps of 32 MiB chunks: after a first step has
+    measured them, the pair beats the fast tier alone whatever the tier order, and the fast
+    tier serves the front (the first requests). With a 20 GB/s tier the disk can add at most
+    6% (the bound is 0.94x); with a 5 GB/s one, 19%."""
+    mib32 = 32 << 20
+    disk, fast = (1.2e9, 1.2e9), (4.5e9, fast_total)
+    speed = [fast, disk] if order == "fast-first" else [disk, fast]
+    alone = ClaimRouter(1, 4)
+    _run_step(alone, 128, mib32, [fast])
+    t_alone, _ = _run_step(alone, 128, mib32, [fast])
+    pair = ClaimRouter(2, 4)
+    _run_step(pair, 128, mib32, speed)
+    t_pair, won = _run_step(pair, 128, mib32, speed)
+    bound = 128 * mib32 / (fast_total + 1.2e9)
+    assert t_pair <= goal * t_alone, (t_pair, t_alone, won)
+    assert t_pair <= 1.1 * bound, (t_pair, bound)
+    f = speed.index(fast)
+    first = pair.add({0, 1}, mib32, lookup=True)
+    assert pair.claim(f)[0] == first, "the faster tier takes the front of the next pool"
 
 
 def test_router_state_stays_bounded_under_endless_lookups_and_steps() -> None:
     rng = random.Random(3)
-    r = ClaimRouter(2, 4, depth=2)
-    live: list[int] = []
+    r = ClaimRouter(2, 4)
     for _ in range(2000):
-        live += [r.add({0, 1}, demand=False) for _ in range(8)]  # next requests' lookups
-        step = [r.add({0, 1}) for _ in range(8)]  # this step's gets
-        for _ in range(4):  # some lookups are promoted, some released
-            r.promote(live.pop(0)) if rng.random() < 0.5 else r.cancel(live.pop(0))
+        step = [r.add({0, 1}, lookup=True) for _ in range(8)]
+        for i in step:  # one get per request
+            r.demand(i)
+        nxt = [r.add({0, 1}, lookup=True) for _ in range(8)]  # the next requests' lookups
+        for i in nxt:  # some are read ahead, the others released or expired
+            if rng.random() < 0.5:
+                r.cancel(i)
         while not r.step_done():
-            inflight = [(t, i) for t in (0, 1) for i in r.claim(t, prefetch=False)]
-            for t, i in inflight:
-                r.complete(t, i)
-        r.end_step()
-        while len(live) > 64:  # lookups that never turn into gets expire
-            r.cancel(live.pop(0))
-        assert len(step) == 8
-    assert len(r) <= 64 + 8 * 3, len(r)
+            for t in (0, 1):
+                for i in r.claim(t, ahead=False):
+                    r.complete(t, i)
+        for i in nxt:
+            r.cancel(i)
+    assert len(r) == 0 and r.pools == 0, (len(r), r.pools)
 
 
-def test_prefetches_leave_the_last_claim_slot_to_demanded_work() -> None:
-    r = ClaimRouter(1, 4, hedge=False, depth=2)
-    p = [r.add({0}, demand=False) for _ in range(12)]
-    assert r.claim(0) == p[0:4]
-    assert r.claim(0) == []  # a second prefetch claim would fill the tier's window
-    d = [r.add({0}) for _ in range(4)]  # a get arrives while the prefetches are in flight
-    assert r.claim(0) == d, "the get's reads start at once"
+def test_an_endless_pool_is_compacted() -> None:
+    """A server whose loads never pause keeps one pool alive: its claimed prefix is cut."""
+    r = ClaimRouter(2, 4, hedge=False)
+    stuck = r.add({0, 1})
+    assert r.claim(1) == [stuck]  # a read that never ends keeps the pool alive
+    for _ in range(10000):
+        r.add({0, 1})
+        for i in r.claim(0):
+            assert r.complete(0, i)
+    assert r.pools == 1 and len(r._pools[0].ids) < 6000
+    assert r.state(1) is None  # delivered long ago
+    assert [r.state(i) for i in range(10001)].count(INFLIGHT) == 1
