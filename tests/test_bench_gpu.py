@@ -47,14 +47,22 @@ def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
     assert rep["machine"]["torch_threads"] == "1"  # as vLLM's GPU worker serves; checked per phase
     assert any("DRY RUN" in n for n in rep["notes"]), "a dry run must say it is not a GPU run"
     names = {c["name"] for c in rep["configs"]}
-    assert names == {"kvstream", "kvstream-disk", "kvstream-shm", "static-0.5", "static-0.7",
-                     "kvstream-emu", "lmcache-disk", "lmcache-cpu"}
+    assert names == {"kvstream", "kvstream-rev", "kvstream-disk", "kvstream-shm", "static-0.5",
+                     "static-0.7", "kvstream-emu", "lmcache-disk", "lmcache-cpu", "limit-disk",
+                     "limit-shm"}
     for c in rep["configs"]:
         assert not c["errors"], (c["name"], c["errors"])
+        if c["name"].startswith("limit-"):  # each tier apart from the engine, 1..cores threads
+            assert c["step_s"][0] > 0 and "GB/s by threads: 1:" in c["io"][0], c
+            continue
         assert c["identical"] == [True], c["name"]
         assert c["step_s"] and c["h2d_s"][0] > 0, c["name"]
+        assert c["cuda_ops"], c["name"]  # whether LMCache's kernels loaded, phase by phase
         if c["name"].startswith(("kvstream", "static")):
             tl = c["timelines"][0]
             assert len(tl["get_returned"]) == 3 and len(tl["chunks_ready"]) == 3
             assert 0 < c["storage_s"][0] <= c["step_s"][0]
-    assert [t["goal"] for t in rep["targets"]] == [">= 0.9", ">= 1.35", "<= 1.1"]
+    # on this CPU machine lmcache.cuda_ops cannot load: the run must say it is not representative
+    assert any("NOT REPRESENTATIVE" in n for n in rep["notes"])
+    assert [t["goal"] for t in rep["targets"]] == ["<= 0.95", "<= 0.95", ">= 0.8", ">= 0.8",
+                                                   ">= 0.8", ">= 1.35", "<= 1.1"]

@@ -1,13 +1,15 @@
 """``kvstream bench``: every configuration measured in one run, on the same chunks.
 
 Configurations (see README and docs/benchmarks.md): (a) ``kvstream`` all tiers, completion
-routing; (b) ``kvstream-first`` and ``kvstream-second``, one tier each; (c) ``static-g`` fixed
-splits; (d) ``lmcache-disk``, LMCache's own LocalDiskBackend on the first tier with O_DIRECT;
-(a)/(d) again with a write backlog as large as a step's reads (``+backlog``) and with the next
-requests' lookups arriving while the step retrieves (``+load``); and (e) ``limit-<tier>``, each
-tier's read limit measured apart from the engine on the same chunk files: fio (io_uring,
-O_DIRECT), or where fio is absent a plain O_DIRECT thread-pool reader. The bound D/sum(b_k)
-comes from (e) only, never from kvstream's own rows.
+routing, and ``kvstream-rev`` the same tiers listed in the reverse order; with an emulated
+second tier also ``fast``/``fast-rev`` (that tier unthrottled, in both orders) and
+``fast-alone``; (b) ``kvstream-first`` and ``kvstream-second``, one tier each; (c) ``static-g``
+fixed splits; (d) ``lmcache-disk``, LMCache's own LocalDiskBackend on the first tier with
+O_DIRECT; (a)/(d) again with a write backlog as large as a step's reads (``+backlog``) and with
+the next requests' lookups arriving while the step retrieves (``+load``); and (e)
+``limit-<tier>``, each tier's read limit measured apart from the engine on the same chunk files:
+fio (io_uring, O_DIRECT), or where fio is absent a plain O_DIRECT thread-pool reader. The bound
+D/sum(b_k) comes from (e) only, never from kvstream's own rows.
 """
 
 from __future__ import annotations
@@ -209,6 +211,18 @@ class Bench:
             Config("lmcache-disk", "LMCache LocalDiskBackend, first tier, O_DIRECT",
                    self.W.local_disk_backend(disk_dir, self.disk_cap_gb), persistent=True),
         ]
+        rev = t[1::-1]  # a user lists tiers in any order: the speed must not depend on it
+        base.insert(1, Config("kvstream-rev", "all tiers, listed in the reverse order",
+                              kv(rev, claim_batch=m)))
+        if t[1].get("emulate"):  # the second tier unthrottled: a fast second tier (tmpfs)
+            fast = [t[0], {k: v for k, v in t[1].items() if k != "emulate"}]
+            base[2:2] = [
+                Config("fast", "first tier + the second unthrottled", kv(fast, claim_batch=m)),
+                Config("fast-rev", "the same, listed in the reverse order",
+                       kv(fast[::-1], claim_batch=m)),
+                Config("fast-alone", "the second tier unthrottled, alone",
+                       kv(fast[1:], claim_batch=m)),
+            ]
         a, d = base[0], base[-1]
         budget_mb = max(1, (self.D >> 20) // 2)  # half the backlog: the bound must act
         return base + [
@@ -335,7 +349,7 @@ class Bench:
         out: dict[str, list[float]] = collections.defaultdict(list)
         for rnd in range(self.write_rounds):
             last = rnd == self.write_rounds - 1
-            for c in (configs[0], configs[6]):
+            for c in (configs[0], next(c for c in configs if c.name == "lmcache-disk")):
                 prog.update(task, description=f"writes {rnd + 1}/{self.write_rounds}: {c.name}")
                 sm = self._manager(c)
                 keys, objs = W.chunks(sm, self.shape, idx)
@@ -501,6 +515,16 @@ def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: 
         targets.append(Target(f"first tier's share of bytes (its share of sum(b_k) "
                               f"{want:.2f})", share, f"{want:.2f} +- 0.10",
                               abs(share - want) <= 0.10))
+    rv = by["kvstream-rev"]
+    targets.append(Target("kvstream, tiers listed in reverse / best single tier",
+                          rv.median_s / best_single.median_s, "< 1",
+                          rv.median_s < best_single.median_s))
+    if "fast" in by:  # a fast second tier must add to the first, in either order
+        fast_single = min(by["kvstream-first"].median_s, by["fast-alone"].median_s)
+        for name in ("fast", "fast-rev"):
+            r = by[name].median_s / fast_single
+            targets.append(Target(f"{name} (second tier unthrottled) / best single tier", r,
+                                  "<= 0.95", r <= 0.95))
     infl_a = by["kvstream+backlog"].median_s / a.median_s
     infl_d = by["lmcache-disk+backlog"].median_s / d.median_s
     targets.append(Target("backlog inflation kvstream (vs lmcache-disk "

@@ -285,7 +285,7 @@ def run(p: Phase) -> dict:
 
     s = p.shape
     rec: dict = {"kind": p.kind, "config": p.config, "ok": False, "dry_run": DRY,
-                 "torch_threads": torch.get_num_threads()}
+                 "torch_threads": torch.get_num_threads(), "cuda_ops": _cuda_ops()}
     tokens, blocks_s, blocks_r = _workload(s)
     eng, conn = _build(p)
     try:
@@ -328,6 +328,16 @@ def run(p: Phase) -> dict:
         eng.close()
         LMCacheEngineBuilder.destroy("kvstream-bench")
     return rec
+
+
+def _cuda_ops() -> str:
+    """"loaded" if LMCache's compiled CUDA kernels load here, else why not (LMCache then
+    scatters with plain torch, which bounds every step and hides storage)."""
+    try:
+        import lmcache.cuda_ops  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any failure means the torch fallback
+        return f"not loaded: {type(e).__name__}: {e}"[:300]
+    return "loaded"
 
 
 def _wait_local_disk(eng: Any, tokens: list, timeout: float = 600) -> None:

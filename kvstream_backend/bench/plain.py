@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..io.memory import AlignedBuffer
@@ -43,6 +44,22 @@ def read_files(files: list[str], depth: int) -> tuple[float, int]:
         for b in bufs:
             b.release()
     return secs, total
+
+
+def best_read(files: list[str], max_threads: int,
+              before: Callable[[], object] | None = None) -> tuple[float, dict[int, float]]:
+    """The read limit of ``files``: :func:`read_files` from 1, 2, 4, ... ``max_threads`` threads
+    (``before`` runs ahead of each, e.g. dropping the page cache); returns (best bytes/s,
+    bytes/s per thread count)."""
+    rates: dict[int, float] = {}
+    t = 1
+    while t <= max_threads:
+        if before is not None:
+            before()
+        secs, n = read_files(files, t)
+        rates[t] = n / secs
+        t *= 2
+    return max(rates.values()), rates
 
 
 def write_files(workdirs: list[str], size: int, block: int, depth: int
