@@ -70,7 +70,7 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     tiers: Annotated[list[TierConfig], Meta(min_length=1)]
     claim_batch: PositiveInt = 4
     read_window: Literal["auto"] | PositiveInt = "auto"
-    read_target_ms: PositiveFloat = 25.0
+    read_target_ms: PositiveFloat = 50.0
     hedge: bool = True
     static_split: Fraction | None = None
     read_queue_depth: PositiveInt = 64

@@ -89,7 +89,7 @@ class ClaimRouter:
     """Meet-in-the-middle claims over step pools (see the module doc)."""
 
     def __init__(self, n_tiers: int, m: int, *, hedge: bool = True, window: int | None = None,
-                 target_s: float = 0.025, min_window: int = 2, max_window: int = 64) -> None:
+                 target_s: float = 0.05, min_window: int = 2, max_window: int = 64) -> None:
         if n_tiers < 1 or m < 1 or min_window < 1 or max_window < min_window:
             raise ValueError("need at least one tier, m >= 1 and 1 <= min_window <= max_window")
         if window is not None and window < 1:
@@ -454,7 +454,7 @@ class StaticSplitRouter(ClaimRouter):
     """
 
     def __init__(self, n_tiers: int, m: int, split: float, *, window: int | None = None,
-                 target_s: float = 0.025, max_window: int = 64) -> None:
+                 target_s: float = 0.05, max_window: int = 64) -> None:
         if n_tiers != 2:
             raise ValueError("a static split needs exactly two tiers")
         self.split = split

@@ -287,7 +287,7 @@ def test_windows_follow_littles_law() -> None:
     fast, slow = ClaimRouter(1, 4), ClaimRouter(1, 4)
     t_fast, _ = _run_step(fast, 256, mib32, [(4.5e9, 20e9)])
     t_slow, _ = _run_step(slow, 16, mib32, [(1.2e9, 1.2e9)])
-    assert 10 <= fast.window(0) <= 20, fast.window(0)
+    assert 20 <= fast.window(0) <= 40, fast.window(0)  # ~ 20 GB/s x 50 ms / 32 MiB + 1
     assert 2 <= slow.window(0) <= 3, slow.window(0)
     assert 256 * mib32 / t_fast >= 0.8 * 20e9, "the fast tier reads at >= 0.8x its limit"
     assert 16 * mib32 / t_slow >= 0.95 * 1.2e9
