@@ -7,14 +7,19 @@ none of that state needs a lock; it never touches a file system. Each tier has i
 thread (:mod:`kvstream_backend.tier_worker`) that does that tier's opens, submissions, closes,
 publishing and verification, so no tier's slowness stalls another's reads.
 
-Call protocol (keys are LMCache key strings throughout):
+Call protocol (keys are the adapters' key strings; an *owner* names a lookup, see
+:mod:`kvstream_backend.lookups`):
 
 * ``lookup(key)`` -> :class:`ChunkInfo` or None (index, then the file system for chunks another
-  process published). ``pin``/``unpin`` protect a chunk from eviction on every tier.
-* ``read(requests, prefetch=False)`` returns one :class:`ReadHandle` per request, immediately.
-  Demanded reads join the step's pool; with ``prefetch=True`` they are read only when no tier
-  has demanded work, until ``demand(handles)`` promotes them or they are discarded or expire
-  (``prefetch_timeout_s``). Buffer ownership: see :mod:`kvstream_backend.handles`.
+  process published).
+* ``lookup_and_pin(owner, keys, read=...)`` pins, then looks up, each key for ``owner`` (so
+  nothing evicts it in between; a miss is unpinned). With ``read`` the hits are read at once,
+  as the open pool of the next step (:mod:`kvstream_backend.routing`), and held for the owner
+  until a get takes them (``take``), the owner releases them (``release``), or their
+  time-to-live passes.
+* ``read(requests)`` returns one :class:`ReadHandle` per :class:`ReadRequest`, immediately: the
+  chunks a get waits for (``take`` hands over a lookup's handle, ``demand`` marks it waited
+  for). Buffer ownership: see :mod:`kvstream_backend.handles`.
 * ``write(...)`` stages a chunk and returns at once (False if the key is already being
   written); see :mod:`kvstream_backend.writer`.
 * ``close()`` drains staged writes (bounded) and stops the loop and the workers.
@@ -36,11 +41,12 @@ import msgspec
 from . import format as fmt
 from .accounting import StepMeter
 from .config import KVStreamConfig
-from .handles import Alloc, Buffer, ChunkInfo, ReadHandle, payload_view
+from .handles import Alloc, Buffer, ChunkInfo, ReadHandle, ReadRequest, payload_view
 from .io.memory import SlabPool
 from .io.ops import Waker
 from .io.probe import IoPath, QueueFactory, make_queue
 from .io.threads import Workers
+from .lookups import Lookups, Owner
 from .readpool import ReadPool
 from .stats import EngineStats, StepReport, TierInfo
 from .tier import Tier
@@ -48,7 +54,7 @@ from .tier_runtime import TierRuntime, open_tier, probe_again
 from .tier_worker import Job, ReadJob, WriteJob
 from .writer import Writer
 
-__all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "payload_view"]
+__all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "ReadRequest", "payload_view"]
 
 log = logging.getLogger("kvstream")
 
@@ -64,8 +70,8 @@ class Engine:
         self._waker = Waker()
         self._cmds: collections.deque[Command] = collections.deque()
         self._completed: collections.deque[Job] = collections.deque()
-        self._pin_lock = threading.Lock()
-        self._pins: collections.Counter[bytes] = collections.Counter()
+        self._lookups = Lookups()
+        self._expired = 0  # lookup-time reads released because their time-to-live passed
         self._tiers: list[TierRuntime] = []
         self._verify = Workers(cfg.verify_workers, "kvstream-verify")
         try:
@@ -103,7 +109,9 @@ class Engine:
 
     def lookup(self, key: str) -> ChunkInfo | None:
         """The chunk's size and metadata if any healthy tier has a valid copy."""
-        digest = fmt.key_digest(key)
+        return self._lookup(key, fmt.key_digest(key))
+
+    def _lookup(self, key: str, digest: bytes) -> ChunkInfo | None:
         for rt in self._tiers:
             if not rt.tier.up:
                 continue
@@ -112,7 +120,7 @@ class Engine:
                 continue
             header = rt.tier.load_header(digest, entry, self.cfg.max_chunk_bytes)
             if header is not None:
-                return ChunkInfo(digest, header.payload_len, header.meta)
+                return ChunkInfo(key, digest, header.payload_len, header.meta)
         return None
 
     def stored_everywhere(self, key: str) -> bool:
@@ -121,43 +129,68 @@ class Engine:
         up = [rt for rt in self._tiers if rt.tier.up]
         return bool(up) and all(rt.tier.has(digest) for rt in up)
 
-    def pin(self, key: str) -> None:
-        digest = fmt.key_digest(key)
-        with self._pin_lock:
-            self._pins[digest] += 1
+    def lookup_and_pin(
+        self, owner: Owner, keys: Sequence[str], *, prefix: bool = True,
+        ttl_s: float | None = -1.0, read: Callable[[ChunkInfo], Alloc | None] | None = None,
+    ) -> list[ChunkInfo | None]:
+        """Pin, then look up, each key for ``owner``; a miss is unpinned. ``prefix``: stop at
+        the first miss (the result is the leading run of hits). ``ttl_s``: how long the pins
+        and reads are held without a ``release`` (default ``prefetch_timeout_s``; None: until
+        released). ``read(info)`` gives the allocator of a hit's lookup-time read (None: that
+        hit is not read); a key the owner already holds a read of is not read twice."""
+        ttl = self.cfg.prefetch_timeout_s if ttl_s is not None and ttl_s < 0 else ttl_s
+        deadline = float("inf") if ttl is None else self._clock() + ttl
+        out: list[ChunkInfo | None] = []
+        reqs: list[ReadRequest] = []
+        for key in keys:
+            digest = fmt.key_digest(key)
+            self._lookups.pin(owner, digest, deadline)
+            info = self._lookup(key, digest)
+            if info is None:
+                self._lookups.release(owner, [digest])
+                if prefix:
+                    break
+            elif read is not None and not self._lookups.holds_read(owner, digest):
+                alloc = read(info)
+                if alloc is not None:
+                    reqs.append(ReadRequest(info, None, alloc))
+            out.append(info)
+        for h in self._admit(reqs, demanded=False):
+            if not self._lookups.attach(owner, h.info.digest, h):
+                h.discard()  # the same key twice in one lookup, or released meanwhile
+        return out
 
-    def unpin(self, key: str) -> bool:
-        digest = fmt.key_digest(key)
-        with self._pin_lock:
-            if self._pins.get(digest, 0) <= 0:
-                return False
-            self._pins[digest] -= 1
-            if not self._pins[digest]:
-                del self._pins[digest]
-            return True
+    def take(self, owner: Owner, key: str) -> ReadHandle | None:
+        """Hand ``owner``'s lookup-time read of ``key`` over to a get (None if it holds none);
+        the caller passes it to ``demand``. The pin stays until ``release``."""
+        return self._lookups.take(owner, fmt.key_digest(key))
+
+    def release(self, owner: Owner, keys: Sequence[str] | None = None) -> int:
+        """Drop one of ``owner``'s pins per key (every pin of the owner's if None) and, with a
+        key's last pin, its lookup-time read not taken. Returns the pins dropped."""
+        digests = None if keys is None else [fmt.key_digest(k) for k in keys]
+        dropped, handles = self._lookups.release(owner, digests)
+        for h in handles:
+            h.discard()
+        return dropped
 
     def pinned(self) -> int:
         """Chunks pinned now (for leak checks)."""
-        with self._pin_lock:
-            return len(self._pins)
+        return len(self._lookups)
 
-    def read(
-        self, requests: Sequence[tuple[str, ChunkInfo, Buffer | None, Alloc | None]], *,
-        prefetch: bool = False,
-    ) -> list[ReadHandle]:
-        """Admit chunks (demanded, or as prefetches); see the module docstring."""
-        deadline = time.monotonic() + self.cfg.prefetch_timeout_s if prefetch else float("inf")
-        handles = [ReadHandle(k, info, buf, alloc, not prefetch, deadline)
-                   for k, info, buf, alloc in requests]
-        for h in handles:
-            h._on_discard = self._discarded
+    def read(self, requests: Sequence[ReadRequest]) -> list[ReadHandle]:
+        """Read chunks a get waits for, as part of the step being served."""
+        return self._admit(requests, demanded=True)
+
+    def _admit(self, requests: Sequence[ReadRequest], demanded: bool) -> list[ReadHandle]:
+        handles = [ReadHandle(r, demanded, self._discarded) for r in requests]
         if handles:
             self._reads_quiet = False
             self._post(lambda now: self._reads.admit(handles, now))
         return handles
 
     def demand(self, handles: Sequence[ReadHandle]) -> None:
-        """A get now waits for these prefetches: they join the step's pool at once."""
+        """A get now waits for these lookup-time reads: their pool is the step served."""
         hs = list(handles)
         if hs:
             self._reads_quiet = False
@@ -192,9 +225,16 @@ class Engine:
         return self._writer.writing(fmt.key_digest(key))
 
     def remove(self, key: str) -> bool:
+        """Delete the chunk from every tier; a lookup-time read of it is dropped."""
         digest = fmt.key_digest(key)
+        for h in self._lookups.drop_reads(digest):
+            h.discard()
         removed = [rt.tier.remove(digest) for rt in self._tiers]  # from every tier, no short cut
         return any(removed)
+
+    def usage(self) -> int:
+        """Bytes stored on the fullest tier (each tier holds a replica of everything)."""
+        return max((rt.tier.used for rt in self._tiers), default=0)
 
     def _warm(self) -> None:
         """Load the headers of indexed chunks in the background (most recent first), so that
@@ -250,6 +290,8 @@ class Engine:
         if not self._thread.is_alive():
             return
         timeout = self.cfg.close_timeout_s if timeout is None else timeout
+        for h in self._lookups.clear():  # nobody will take them: their buffers come back
+            h.discard()
         if not self.flush(timeout):
             log.warning("kvstream: closing with staged writes left after %.0f s", timeout)
         with self._writer._lock:
@@ -306,7 +348,7 @@ class Engine:
             tiers, self._steps.closed, r.chunks_read, dict(r.misses), w.staged_total,
             w.published, w.failed, w.overlap_bytes,
             sum(rt.meter.hedged_bytes for rt in self._tiers),
-            r.prefetch_hits, r.prefetch_dropped, r.prefetch_expired, r.held_bytes, w.dropped,
+            r.prefetch_hits, r.prefetch_dropped, self._expired, r.held_bytes, w.dropped,
             w.shed, w.held_bytes,
         )
 
@@ -323,7 +365,7 @@ class Engine:
 
     def _evictable(self, digest: bytes) -> bool:
         """Called by tier workers while they make room (dict reads are atomic)."""
-        return self._reads.reading.get(digest, 0) <= 0 and self._pins.get(digest, 0) <= 0
+        return self._reads.reading.get(digest, 0) <= 0 and not self._lookups.pinned(digest)
 
     def _loop(self) -> None:
         poller = select.poll()
@@ -336,7 +378,7 @@ class Engine:
             if self._stopping and not self._cmds and not self._busy():
                 break
             timeout_ms = -1
-            nxt = self._reads.next_expiry()
+            nxt = self._lookups.next_deadline()
             if nxt is not None:
                 timeout_ms = max(0, int((nxt - self._clock()) * 1000) + 1)
             if any(not rt.tier.up for rt in self._tiers) or self._writer.busy:
@@ -362,7 +404,9 @@ class Engine:
                 self._writer.finished(job)
             else:
                 self._writer.repaired(job)
-        self._reads.expire(now)
+        for h in self._lookups.expire(now):
+            self._expired += 1
+            h.discard()  # posts cancel(), run on the next turn
         self._reads.dispatch(now)
         router = self._reads.router
         self._writer.pump(reads_busy=router.busy())

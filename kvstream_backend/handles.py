@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -36,11 +37,24 @@ Alloc = Callable[[int], "Buffer | None"]
 
 @dataclass(frozen=True)
 class ChunkInfo:
-    """What a lookup learned from a valid header: the payload's size and adapter metadata."""
+    """What a lookup learned from a valid header: the chunk's key and its digest (computed
+    once, together, so they always agree), the payload's size and adapter metadata."""
 
+    key: str
     digest: bytes
     payload_len: int
     meta: bytes
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One chunk to read: what a lookup returned, where to put it (``buffer``; None:
+    allocated with ``alloc`` when a tier claims it) and how to allocate more (hedges; None:
+    no hedge)."""
+
+    info: ChunkInfo
+    buffer: Buffer | None = None
+    alloc: Alloc | None = None
 
 
 def payload_view(addr: int, n: int) -> memoryview:
@@ -54,33 +68,36 @@ _PENDING, _DONE, _ABANDONED = 0, 1, 2
 class ReadHandle:
     """Completion of one pooled chunk read; safe to wait on from any thread.
 
-    A handle is created by :meth:`Engine.read` either *demanded* (a get waits for it: it joins
-    the step's pool) or as a *prefetch* (a lookup expects a get to follow: read only when no
-    tier has demanded work). :meth:`Engine.demand` promotes prefetches; :meth:`discard` gives a
-    handle up, and a prefetch that was not yet claimed is then never read.
+    Created by the engine, either *demanded* (a get waits for it) or for a lookup (read at once
+    as part of the step's pool, held until a get takes it); :meth:`discard` gives it up, and a
+    read that no tier claimed yet is then never issued. The engine resolves it with
+    :meth:`deliver`, once; ``on_discard`` tells the engine a handle was given up.
     """
 
     __slots__ = (
-        "key", "info", "buffer", "alloc", "result", "reason", "demanded", "deadline", "rid",
+        "info", "buffer", "alloc", "result", "reason", "demanded", "rid", "delivered_at",
         "_state", "_lock", "_event", "_callbacks", "_on_discard",
     )
 
-    def __init__(self, key: str, info: ChunkInfo, buffer: Buffer | None, alloc: Alloc | None,
-                 demanded: bool, deadline: float) -> None:
-        self.key = key
-        self.info = info
-        self.buffer = buffer  # the request's own buffer (None: allocated when claimed)
-        self.alloc = alloc  # buffers for lazy allocation and hedges (None: neither)
+    def __init__(self, req: ReadRequest, demanded: bool,
+                 on_discard: Callable[[ReadHandle], None]) -> None:
+        self.info = req.info
+        self.buffer = req.buffer  # the request's own buffer (None: allocated when claimed)
+        self.alloc = req.alloc  # buffers for lazy allocation and hedges (None: neither)
         self.result: Buffer | None = None
         self.reason = ""
         self.demanded = demanded
-        self.deadline = deadline  # a prefetch not demanded by then is dropped
         self.rid = -1  # the router's id, set by the completion loop
+        self.delivered_at = 0.0  # time.perf_counter() when it was resolved (0: not yet)
         self._state = _PENDING
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._callbacks: list[Callable[[ReadHandle], None]] = []
-        self._on_discard: Callable[[ReadHandle], None] | None = None
+        self._on_discard = on_discard
+
+    @property
+    def key(self) -> str:
+        return self.info.key
 
     def add_done_callback(self, fn: Callable[[ReadHandle], None]) -> None:
         """Call ``fn(handle)`` once the chunk is delivered (at once if it already is).
@@ -122,13 +139,13 @@ class ReadHandle:
                 self.result = None
             self._state = _ABANDONED
             callbacks, self._callbacks = self._callbacks, []
-        if self._on_discard is not None:
-            self._on_discard(self)
+        self._on_discard(self)
         for fn in callbacks:
-            _safe(fn, self)
+            call_safely(fn, self)
 
-    def _deliver(self, buf: Buffer | None, reason: str = "") -> bool:
-        """Hand ``buf`` (or a miss) over; False if the handle was abandoned (buf released)."""
+    def deliver(self, buf: Buffer | None, reason: str = "") -> bool:
+        """Engine side: hand ``buf`` (or a miss) over, once; False if the handle was
+        abandoned (``buf`` is released)."""
         with self._lock:
             if self._state != _PENDING:
                 if buf is not None:
@@ -136,15 +153,17 @@ class ReadHandle:
                 return False
             self.result = buf
             self.reason = reason
+            self.delivered_at = time.perf_counter()
             self._state = _DONE
             callbacks, self._callbacks = self._callbacks, []
         self._event.set()
         for fn in callbacks:
-            _safe(fn, self)
+            call_safely(fn, self)
         return True
 
 
-def _safe(fn: Callable, *args: object) -> None:
+def call_safely(fn: Callable, *args: object) -> None:
+    """Run a caller's callback; an exception is logged, never raised into the engine."""
     try:
         fn(*args)
     except Exception:  # noqa: BLE001 - a caller's callback must not kill the loop

@@ -8,16 +8,17 @@ until it comes back. A job whose chunk was already resolved (a hedge lost, the h
 discarded) releases its buffer; a failed primary read leaves the handle's own buffer for the next
 attempt; a miss releases the handle's own buffer unless a read into it is still in flight.
 
-Prefetch memory: a prefetch gets its buffer when a tier claims it, not when it is registered,
-and prefetch buffers not yet demanded are bounded by ``prefetch_max_gb``; when an allocation
-fails, prefetch claims pause briefly and the chunk waits its turn again.
+Lookup-time reads: a chunk a lookup registered gets its buffer when a tier claims it, not when
+it is registered, and such buffers not yet demanded by a get are bounded by
+``prefetch_max_gb``; past it, or when an allocation fails, tiers claim only chunks a get waits
+for, and the others wait their turn. How long a lookup's reads are kept is the engine's lookup
+table's business (:mod:`kvstream_backend.lookups`).
 """
 
 from __future__ import annotations
 
 import collections
 import errno
-import heapq
 import os
 from collections.abc import Callable, Iterable
 
@@ -59,14 +60,12 @@ class ReadPool:
         self._held: dict[int, int] = {}  # prefetch buffers allocated, not yet demanded: bytes
         self._held_bytes = 0
         self._prefetch_max = int(cfg.prefetch_max_gb * (1 << 30))
-        self._expiry: list[tuple[float, int]] = []
         self._alloc_retry_at = 0.0
         self.reading: dict[bytes, int] = {}  # digest -> unresolved handles (never evicted)
         self.chunks_read = 0
         self.misses: collections.Counter[str] = collections.Counter()
         self.prefetch_hits = 0  # demanded chunks whose prefetch had already landed
         self.prefetch_dropped = 0  # prefetches given up (released, expired, cancelled)
-        self.prefetch_expired = 0
 
     # ---- commands from the engine's API -------------------------------------------------
     def admit(self, handles: Iterable[ReadHandle], now: float) -> None:
@@ -82,7 +81,6 @@ class ReadPool:
                 self._steps.joined()
             else:
                 self._undemanded[rid] = h
-                heapq.heappush(self._expiry, (h.deadline, rid))
             if not holders:
                 self.router.cancel(rid)
                 self._resolve(rid, None, "no-tier", now)
@@ -111,17 +109,6 @@ class ReadPool:
         if rid in self._handles:
             self.router.cancel(rid)
             self._resolve(rid, None, "abandoned" if h.demanded else "", now)
-
-    def expire(self, now: float) -> None:
-        while self._expiry and self._expiry[0][0] <= now:
-            _, rid = heapq.heappop(self._expiry)
-            h = self._undemanded.get(rid)
-            if h is not None and not h.demanded:
-                self.prefetch_expired += 1
-                h.discard()  # posts cancel()
-
-    def next_expiry(self) -> float | None:
-        return self._expiry[0][0] if self._expiry else None
 
     # ---- claims ---------------------------------------------------------------------------
     def dispatch(self, now: float) -> None:
@@ -236,7 +223,7 @@ class ReadPool:
             self.chunks_read += 1
             if h.demanded:
                 self._steps.delivered(h.info.payload_len, now)
-        h._deliver(buf, reason)  # type: ignore[arg-type]
+        h.deliver(buf, reason)  # type: ignore[arg-type]
 
     def drop_tier(self, ti: int, now: float) -> None:
         for rid in self.router.drop_tier(ti):

@@ -29,7 +29,7 @@ import msgspec
 
 from . import format as fmt
 from .config import parse_config
-from .engine import Engine, payload_view
+from .engine import Engine, ReadRequest, payload_view
 from .io.memory import AlignedBuffer
 
 FAULTS = ["payload-bitflip", "header-bitflip", "truncate", "delete", "swap", "symlink-out",
@@ -137,7 +137,7 @@ class Soak:
             if info is None:
                 misses += 1
                 continue
-            reqs.append((k, info, _Tracked(info.payload_len), _Tracked))
+            reqs.append(ReadRequest(info, _Tracked(info.payload_len), _Tracked))
         for h in self.engine.read(reqs):
             buf = h.wait(60)
             if buf is None:

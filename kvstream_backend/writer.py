@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from . import format as fmt
 from .accounting import StepMeter
 from .config import KVStreamConfig
-from .handles import Buffer, _safe, payload_view
+from .handles import Buffer, call_safely, payload_view
 from .io import files
 from .io.memory import SlabPool
 from .tier_runtime import TierRuntime
@@ -252,7 +252,7 @@ class Writer:
             chunk.published = True
             self.published += 1
             if chunk.on_published is not None:
-                _safe(chunk.on_published, chunk.key)
+                call_safely(chunk.on_published, chunk.key)
         self._copy_done(chunk)
 
     def _end(self, chunk: StagedChunk) -> None:
@@ -262,4 +262,4 @@ class Writer:
             self._writing.discard(chunk.digest)
             self.held_bytes -= chunk.payload_len
         if chunk.on_done is not None:
-            _safe(chunk.on_done)
+            call_safely(chunk.on_done)

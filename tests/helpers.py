@@ -8,7 +8,7 @@ import subprocess
 import time
 import urllib.request
 
-from kvstream_backend.engine import Engine, ReadHandle
+from kvstream_backend.engine import Engine, ReadHandle, ReadRequest
 from kvstream_backend.io.memory import AlignedBuffer
 from kvstream_backend.soak import payload  # deterministic, key-specific bytes
 
@@ -33,7 +33,7 @@ def read_all(engine: Engine, keys: list[str]) -> list[ReadHandle]:
     for k in keys:
         info = engine.lookup(k)
         assert info is not None, f"{k} not found"
-        reqs.append((k, info, AlignedBuffer(info.payload_len), AlignedBuffer))
+        reqs.append(ReadRequest(info, AlignedBuffer(info.payload_len), AlignedBuffer))
     return engine.read(reqs)
 
 

@@ -15,7 +15,7 @@ import threading
 
 from kvstream_backend import engine as engine_mod
 from kvstream_backend.config import parse_config
-from kvstream_backend.engine import Engine, payload_view
+from kvstream_backend.engine import Engine, ReadRequest, payload_view
 from kvstream_backend.io import files
 from kvstream_backend.io.memory import AlignedBuffer
 
@@ -69,7 +69,7 @@ def share(d0: str, shared: str, ident: int, n: int, rounds: int) -> None:
             if info is None:
                 misses += 1
                 continue
-            reqs.append((k, info, AlignedBuffer(SIZE), None))
+            reqs.append(ReadRequest(info, AlignedBuffer(SIZE), None))
         for h in e.read(reqs):
             buf = h.wait(60)
             reads += 1

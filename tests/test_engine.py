@@ -14,6 +14,7 @@ import pytest
 from kvstream_backend import format as fmt
 from kvstream_backend.config import EmulateConfig
 from kvstream_backend.emulate import serial_seconds, tier_throttle
+from kvstream_backend.engine import ReadRequest
 from kvstream_backend.io.memory import AlignedBuffer
 
 from .conftest import engine_config, requires_uring
@@ -150,7 +151,7 @@ def test_damaged_single_copy_is_a_miss_never_data(tier_dirs, make_engine, tmp_pa
         e = make_engine(tier_dirs[:1], max_chunk_mb=1)
     info = e.lookup("victim")
     if info is not None:  # header intact: the damage must be caught when the payload is read
-        (h,) = e.read([("victim", info, AlignedBuffer(info.payload_len), None)])
+        (h,) = e.read([ReadRequest(info, AlignedBuffer(info.payload_len), None)])
         assert h.wait(10) is None
     assert e.lookup("victim") is None
     check_all(e, ["other"], size)  # the neighbour is untouched
@@ -244,7 +245,7 @@ def test_capacity_and_lru(tier_dirs, make_engine):
     t = e.tiers[0]
     write_all(e, [f"c{i}" for i in range(10)], size)
     assert len(t) == 10
-    e.pin("c1")
+    assert e.lookup_and_pin("test", ["c1"], ttl_s=None) == [e.lookup("c1")]
     for i in range(10, 40):
         check_all(e, ["c0"], size)  # c0 is read before every write: never the LRU victim
         write_all(e, [f"c{i}"], size)
@@ -254,7 +255,7 @@ def test_capacity_and_lru(tier_dirs, make_engine):
     # LRU keeps the chunk read all along (FIFO would have evicted it first), the pinned one,
     # and the most recent writes; nothing else
     assert present == {"c0", "c1"} | {f"c{i}" for i in range(32, 40)}, sorted(present)
-    assert e.unpin("c1")
+    assert e.release("test", ["c1"]) == 1 and e.pinned() == 0
 
 
 def test_chunk_being_read_is_not_evicted(tier_dirs, make_engine):

@@ -15,9 +15,10 @@ How the storage controllers' calls map onto the engine (call protocol of
 ``lmcache/v1/distributed/l2_adapters/base.py``; every ``submit_*`` returns at once):
 
 * ``submit_lookup_and_lock_task``: on a helper thread (a lookup may read headers of chunks that
-  another process published), pin each key, then look it up; a miss is unpinned. The bitmap
-  reports exactly the keys left pinned, so an eviction cannot remove a chunk between lookup and
-  load. ``submit_unlock`` drops one pin per key (memory only: it cannot fail).
+  another process published), the engine pins each key, then looks it up, as it does for the
+  LMCache plugin; a miss is unpinned. The bitmap reports exactly the keys left pinned, so an
+  eviction cannot remove a chunk between lookup and load. ``submit_unlock`` drops one pin per
+  key (memory only: it cannot fail).
 * ``submit_load_task``: the caller's L1 buffers are read into directly (no copy, no kvstream
   memory), as demanded reads of the shared pool. A key is settled when its chunk is delivered,
   or, on a miss, once the engine has handed the buffer back (no read still writes into it); the
@@ -58,12 +59,12 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.platform import create_event_notifier
 
 from ..config import ConfigError, KVStreamConfig, parse_params
-from ..engine import Engine, ReadHandle
-from ..io.probe import QueueFactory, make_queue
+from ..engine import Engine, ReadHandle, ReadRequest
 
 log = init_logger("kvstream")  # the engine logs to "kvstream" too: through LMCache's handler
 
 LOOKUP_THREADS = 2  # header reads of chunks other processes published; never the I/O path
+LOCKS = "l2"  # the engine owner of the storage controller's locks
 
 
 def key_string(key: ObjectKey) -> str:
@@ -211,12 +212,12 @@ class KVStreamL2Adapter(L2AdapterInterface):
     """All of kvstream's tiers as one L2 adapter; thread-safe (two controller threads call it)."""
 
     def __init__(self, config: KVStreamL2AdapterConfig | dict[str, Any], *,
-                 l1_memory_desc: Any = None, queue_factory: QueueFactory = make_queue) -> None:
+                 l1_memory_desc: Any = None) -> None:
         super().__init__(max_capacity_bytes=0)
         if not isinstance(config, KVStreamL2AdapterConfig):
             config = KVStreamL2AdapterConfig.from_dict(config)
         self.cfg = config.kvstream
-        self.engine = Engine(self.cfg, queue_factory=queue_factory)
+        self.engine = Engine(self.cfg)
         self._lookups_pool = ThreadPoolExecutor(LOOKUP_THREADS, "kvstream-l2-lookup")
         self._store_efd = create_event_notifier()
         self._lookup_efd = create_event_notifier()
@@ -289,14 +290,12 @@ class KVStreamL2Adapter(L2AdapterInterface):
 
     def _lookup_and_lock(self, tid: L2TaskId, keys: list[ObjectKey]) -> None:
         bitmap = Bitmap(len(keys))
-        try:
-            for i, key in enumerate(keys):
-                skey = key_string(key)
-                self.engine.pin(skey)  # before the lookup: nothing can evict it in between
-                if self.engine.lookup(skey) is not None:
+        try:  # locked until submit_unlock: the controller always unlocks what it locked
+            infos = self.engine.lookup_and_pin(LOCKS, [key_string(k) for k in keys],
+                                               prefix=False, ttl_s=None)
+            for i, info in enumerate(infos):
+                if info is not None:
                     bitmap.set(i)
-                else:
-                    self.engine.unpin(skey)
         except Exception:  # noqa: BLE001 - the controller waits for this task's result
             log.exception("kvstream L2: lookup task %d failed; reporting what was found", tid)
         with self._lock:
@@ -308,8 +307,7 @@ class KVStreamL2Adapter(L2AdapterInterface):
             return self._lookups.pop(task_id, None)
 
     def submit_unlock(self, keys: list[ObjectKey]) -> None:
-        for key in keys:
-            self.engine.unpin(key_string(key))
+        self.engine.release(LOCKS, [key_string(k) for k in keys])
 
     # ---- load -----------------------------------------------------------------------------
     def submit_load_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
@@ -329,7 +327,7 @@ class KVStreamL2Adapter(L2AdapterInterface):
                 task.miss(i)
                 continue
             buf = _L1Buffer(obj, functools.partial(task.released, i))
-            reqs.append((skey, info, buf, None))
+            reqs.append(ReadRequest(info, buf, None))
             idx.append(i)
         for i, h in zip(idx, self.engine.read(reqs), strict=True):
             h.add_done_callback(functools.partial(task.delivered, i))
@@ -363,8 +361,7 @@ class KVStreamL2Adapter(L2AdapterInterface):
             self._notify_keys_deleted(gone, sizes)
 
     def get_usage(self) -> AdapterUsage:
-        used = max((t.used for t in self.engine.tiers), default=0)
-        return AdapterUsage(total_bytes_used=used, total_capacity_bytes=0,
+        return AdapterUsage(total_bytes_used=self.engine.usage(), total_capacity_bytes=0,
                             bytes_by_cache_salt=MappingProxyType({}))
 
     def report_status(self) -> dict:

@@ -1,22 +1,24 @@
-"""``KVStreamBackend``: the LMCache 0.5.6 storage plugin (the only module that imports LMCache
-besides the CLI's config check).
+"""``KVStreamBackend``: the LMCache 0.5.6 storage plugin.
 
 Selected from LMCache's YAML with ``storage_plugins: ["kvstream"]`` and
 ``extra_config: {storage_plugin.kvstream.module_path: kvstream_backend,
 storage_plugin.kvstream.class_name: KVStreamBackend, kvstream.tiers: [...]}``.
 
-How LMCache's calls map onto the engine:
+A thin translation of LMCache's calls onto the engine, which owns every pin and every
+lookup-time read (:mod:`kvstream_backend.lookups`); the plugin holds no read state. The owner of
+a lookup is LMCache's lookup id in async mode, and ``""`` in sync mode (whose unpins name only
+keys):
 
-* lookup (``batched_contains(keys, pin=True)`` / ``batched_async_contains``) counts the prefix
-  hit, pins it, and registers the hits as *prefetches*: the engine reads them into MemoryObjs
-  from ``local_cpu_backend`` whenever no tier has demanded work, allocating each buffer when a
-  tier claims it (at most ``kvstream.prefetch_max_gb`` of prefetch buffers not yet demanded).
-  A prefetch is dropped, unread if no tier had claimed it, on ``unpin``, on
-  ``cancel_request`` of its lookup id, or after ``kvstream.prefetch_timeout_s``;
-* ``batched_get_blocking`` / ``batched_get_non_blocking`` *demand* those prefetches (they join
-  the step's pool at once, ahead of every prefetch) or add the missing chunks to the pool, and
-  wait; results follow LMCache's prefix convention: everything after the first miss is
-  released and returned as ``None`` (blocking) or left out (non-blocking);
+* lookup (``batched_contains(keys, pin=True)`` / ``batched_async_contains``): the engine pins
+  the prefix hit and starts reading it at once, into MemoryObjs from ``local_cpu_backend``
+  (allocated when a tier claims each chunk; at most ``kvstream.prefetch_max_gb`` of them not yet
+  taken by a get). The lookups of a step's requests are that step's pool, read from both ends.
+  What a lookup holds is released on ``unpin``, on ``cancel_request`` of its lookup id, after
+  its get (async mode), or after ``kvstream.prefetch_timeout_s``;
+* ``batched_get_blocking`` / ``batched_get_non_blocking`` take the lookup's reads (reading any
+  chunk no lookup registered) and wait; results follow LMCache's prefix convention: everything
+  after the first miss is released and returned as ``None`` (blocking) or left out
+  (non-blocking);
 * ``batched_submit_put_task`` takes a reference on each object and stages it for the deferred,
   replicated writer; it returns at once (it runs on the forward thread). The reference is
   dropped when every tier's copy is finished; ``on_complete_callback`` fires when the first copy
@@ -26,10 +28,7 @@ How LMCache's calls map onto the engine:
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -43,13 +42,11 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from ..config import ConfigError, parse_config
-from ..engine import ChunkInfo, Engine, ReadHandle
+from ..engine import Alloc, ChunkInfo, Engine, ReadHandle, ReadRequest
 
 log = init_logger("kvstream")
 
-# Lookup hits waiting for a get (a few hundred bytes each). Registering one costs no buffer
-# (it comes when a tier claims the chunk), so far more can wait than prefetch_max_gb holds.
-PREFETCH_RECORDS = 1 << 16
+SYNC = ""  # the owner of LMCache's sync-mode lookups (its unpins name only keys)
 
 
 class ChunkMeta(msgspec.Struct, array_like=True, frozen=True):
@@ -182,14 +179,6 @@ class KVStreamBackend(StoragePluginInterface):
         self.engine = Engine(self.cfg)
         if local_cpu_backend is not None:
             _close_first(local_cpu_backend, self.close)
-        self._lock = threading.Lock()
-        self._prefetch: dict[CacheEngineKey, ReadHandle] = {}
-        # Async loading: the keys each lookup id pinned, with the time their pins expire.
-        # LMCache 0.5.6 never unpins plugins in that mode (``lookup_unpin`` only calls
-        # ``cleanup_memory_objs``, cache_engine.py ~1573), so kvstream releases a lookup's pins
-        # itself: when its get arrives, on ``cancel_request``, or after prefetch_timeout_s.
-        self._by_lookup: collections.OrderedDict[str, tuple[float, list[CacheEngineKey]]] = (
-            collections.OrderedDict())
         if self.cfg.metrics_port:
             from ..metrics import serve
 
@@ -199,97 +188,58 @@ class KVStreamBackend(StoragePluginInterface):
         return "KVStreamBackend"
 
     # ---- lookup ---------------------------------------------------------------------------
-    def _info(self, key: CacheEngineKey) -> ChunkInfo | None:
-        return self.engine.lookup(key.to_string())
-
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
-        info = self._info(key)
-        if info is None:
-            return False
         if pin:
-            self.engine.pin(key.to_string())
-        return True
+            return self.engine.lookup_and_pin(SYNC, [key.to_string()])[0] is not None
+        return self.engine.lookup(key.to_string()) is not None
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
-        hits: list[tuple[CacheEngineKey, ChunkInfo]] = []
-        for key in keys:
-            info = self._info(key)
-            if info is None:
+        return self._lookup(SYNC, keys, pin)
+
+    def _lookup(self, owner: str, keys: list[CacheEngineKey], pin: bool) -> int:
+        """The prefix hit; with ``pin``, pinned for ``owner`` and read at once."""
+        skeys = [k.to_string() for k in keys]
+        if pin:
+            read = self._allocator if self.local_cpu_backend is not None else None
+            return len(self.engine.lookup_and_pin(owner, skeys, read=read))
+        n = 0
+        for k in skeys:
+            if self.engine.lookup(k) is None:
                 break
-            hits.append((key, info))
-        if pin and hits:
-            for key, _ in hits:
-                self.engine.pin(key.to_string())
-            self._start_prefetch(hits)
-        return len(hits)
+            n += 1
+        return n
 
     async def batched_async_contains(
         self, lookup_id: str, keys: list[CacheEngineKey], pin: bool = False
     ) -> int:
         # Header reads of chunks published by other processes are file I/O: keep them off the
         # StorageManager's event loop.
-        n = await asyncio.get_running_loop().run_in_executor(
-            None, self.batched_contains, keys, pin
-        )
-        if pin and n:
-            deadline = time.monotonic() + self.cfg.prefetch_timeout_s
-            with self._lock:
-                old = self._by_lookup.pop(lookup_id, None)
-                self._by_lookup[lookup_id] = (deadline, keys[:n])
-            if old is not None:  # the same id looked up again: its earlier pins go
-                self._unpin_keys(old[1])
-        return n
-
-    def _release_lookup(self, lookup_id: str) -> list[CacheEngineKey]:
-        """Unpin what an async lookup pinned; return its keys (empty if none are held)."""
-        with self._lock:
-            entry = self._by_lookup.pop(lookup_id, None)
-        keys = entry[1] if entry is not None else []
-        self._unpin_keys(keys)
-        return keys
-
-    def _unpin_keys(self, keys: list[CacheEngineKey]) -> None:
-        for k in keys:
-            self.engine.unpin(k.to_string())
-
-    def _expire_lookups(self) -> None:
-        now = time.monotonic()
-        with self._lock:  # entries are in deadline order: only the stale front is looked at
-            stale = list(itertools.takewhile(lambda i: self._by_lookup[i][0] < now,
-                                             self._by_lookup))
-        for i in stale:
-            for k in self._release_lookup(i):
-                self._drop_prefetch(k)
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self._lookup, lookup_id, keys, pin)
 
     def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
         return self.engine.writing(key.to_string())
 
     # ---- pins -----------------------------------------------------------------------------
     def pin(self, key: CacheEngineKey) -> bool:
-        if self._info(key) is None:
-            return False
-        self.engine.pin(key.to_string())
-        return True
+        return self.engine.lookup_and_pin(SYNC, [key.to_string()])[0] is not None
 
     def unpin(self, key: CacheEngineKey) -> bool:
-        self._drop_prefetch(key)
-        return self.engine.unpin(key.to_string())
+        return self.engine.release(SYNC, [key.to_string()]) > 0
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
-        self._drop_prefetch(key)
         return self.engine.remove(key.to_string())
 
     def cancel_request(self, req_id: str) -> None:
-        """Drop the prefetches of an aborted request's lookup (async loading registers them
-        under its lookup id; in sync mode LMCache unpins, which drops them too)."""
-        for k in self._release_lookup(req_id):
-            self._drop_prefetch(k)
+        """Release what an aborted request's lookup holds (async loading registers it under
+        its lookup id; in sync mode LMCache unpins, which releases it too)."""
+        self.engine.release(req_id)
 
     def touch_cache(self) -> None:
         """Recency is updated by the reads themselves."""
 
     # ---- reads ----------------------------------------------------------------------------
-    def _allocator(self, info: ChunkInfo) -> Callable[[int], _ObjBuffer | None] | None:
+    def _allocator(self, info: ChunkInfo) -> Alloc | None:
         """A function allocating one MemoryObj for ``info`` (None if it cannot be rebuilt)."""
         lcb = self.local_cpu_backend
         layout = decode_meta(info.meta, info.payload_len)
@@ -302,68 +252,24 @@ class KVStreamBackend(StoragePluginInterface):
 
         return alloc
 
-    def _start_prefetch(self, hits: list[tuple[CacheEngineKey, ChunkInfo]]) -> None:
-        """Register lookup hits as prefetches (no memory is allocated here)."""
-        if self.local_cpu_backend is None:
-            return
-        self._forget_stale()
-        reqs: list[tuple[str, ChunkInfo, None, Callable[[int], _ObjBuffer | None]]] = []
-        keys: list[CacheEngineKey] = []
-        with self._lock:
-            for key, info in hits:
-                if key in self._prefetch:
-                    continue
-                alloc = self._allocator(info)
-                if alloc is None or len(self._prefetch) + len(reqs) >= PREFETCH_RECORDS:
-                    break
-                reqs.append((key.to_string(), info, None, alloc))
-                keys.append(key)
-            for key, h in zip(keys, self.engine.read(reqs, prefetch=True), strict=True):
-                self._prefetch[key] = h
-
-    def _take_prefetch(self, key: CacheEngineKey) -> ReadHandle | None:
-        with self._lock:
-            return self._prefetch.pop(key, None)
-
-    def _drop_prefetch(self, key: CacheEngineKey) -> None:
-        h = self._take_prefetch(key)
-        if h is not None:
-            h.discard()
-
-    def _forget_stale(self) -> None:
-        """Forget prefetches the engine dropped (expired) so their keys can register again,
-        and release async lookups that no get or cancel followed."""
-        self._expire_lookups()
-        now = time.monotonic()
-        # Registered in deadline order (all under the lock, one timeout), and a prefetch is
-        # abandoned only once popped from here or past its deadline: the stale ones are a
-        # prefix, so a lookup never scans the whole table.
-        with self._lock:
-            stale = list(itertools.takewhile(lambda k: self._prefetch[k].deadline < now,
-                                             self._prefetch))
-        for k in stale:
-            self._drop_prefetch(k)
-
-    def _handles_for(self, keys: Sequence[CacheEngineKey]) -> list[ReadHandle | None]:
-        """A demanded handle per key: a prefetch promoted, or a new read added to the pool."""
-        handles: list[ReadHandle | None] = [self._take_prefetch(k) for k in keys]
+    def _handles_for(self, owner: str, keys: Sequence[CacheEngineKey]
+                     ) -> list[ReadHandle | None]:
+        """A handle per key a get waits for: the lookup's read, or a new read of the chunk."""
+        skeys = [k.to_string() for k in keys]
+        handles: list[ReadHandle | None] = [self.engine.take(owner, k) for k in skeys]
         self.engine.demand([h for h in handles if h is not None])
-        missing = []
-        for i, (k, h) in enumerate(zip(keys, handles, strict=True)):
-            if h is None or h.abandoned:
-                handles[i] = None
-                info = self._info(k)
-                if info is None:
-                    break
-                missing.append((i, k, info))
-        reqs = []
-        for _, k, info in missing:
-            alloc = self._allocator(info)
-            buf = alloc(info.payload_len) if alloc is not None else None
-            if buf is None:
+        missing: list[tuple[int, ReadRequest]] = []
+        for i, (k, h) in enumerate(zip(skeys, handles, strict=True)):
+            if h is not None and not h.abandoned:
+                continue
+            handles[i] = None
+            info = self.engine.lookup(k)
+            alloc = self._allocator(info) if info is not None else None
+            buf = alloc(info.payload_len) if alloc is not None and info is not None else None
+            if buf is None or info is None:
                 break
-            reqs.append((k.to_string(), info, buf, alloc))
-        for (i, _, _), h in zip(missing, self.engine.read(reqs), strict=False):
+            missing.append((i, ReadRequest(info, buf, alloc)))
+        for (i, _), h in zip(missing, self.engine.read([r for _, r in missing]), strict=True):
             handles[i] = h
         return handles
 
@@ -387,7 +293,7 @@ class KVStreamBackend(StoragePluginInterface):
         if self.local_cpu_backend is None:
             log.error("kvstream: get refused: no local_cpu_backend to allocate into")
             return [None] * len(keys)
-        handles = self._handles_for(keys)
+        handles = self._handles_for(SYNC, keys)
         deadline = time.monotonic() + self.cfg.get_timeout_s
         for h in handles:
             if h is None:
@@ -406,10 +312,10 @@ class KVStreamBackend(StoragePluginInterface):
             log.error("kvstream: get refused: no local_cpu_backend to allocate into")
             return []
         loop = asyncio.get_running_loop()
-        handles = await loop.run_in_executor(None, self._handles_for, keys)
+        handles = await loop.run_in_executor(None, self._handles_for, lookup_id, keys)
         # The get holds the chunks now (they are not evictable while read): the lookup's
-        # pins have done their job.
-        self._release_lookup(lookup_id)
+        # pins have done their job (LMCache 0.5.6 never unpins plugins in this mode).
+        self.engine.release(lookup_id)
         waits = []
         for h in handles:
             if h is None:
@@ -451,9 +357,5 @@ class KVStreamBackend(StoragePluginInterface):
         return self.local_cpu_backend
 
     def close(self) -> None:
-        with self._lock:
-            keys = list(self._prefetch)
-        for k in keys:
-            self._drop_prefetch(k)
-        self.engine.close()  # logs the staged chunks it had to drop, if any
+        self.engine.close()  # releases every lookup; logs the staged chunks it had to drop
         logging.getLogger("kvstream").info("kvstream: closed")

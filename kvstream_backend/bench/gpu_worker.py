@@ -179,20 +179,26 @@ class _Timeline:
 
     def __init__(self, eng: Any, conn: Any) -> None:
         self.ready: dict[str, float] = {}
+        self.handles: list[Any] = []
         self.gets: list[tuple[float, float, list[str]]] = []
         self.scatters: list[tuple[float, float]] = []
         kb = _kvstream(eng)
         if kb is not None:
-            read = kb.engine.read
+            e = kb.engine
+            take, read = e.take, e.read
 
-            def timed_read(reqs: Any, **kw: Any) -> Any:
-                hs = read(reqs, **kw)
-                for h in hs:
-                    h.add_done_callback(
-                        lambda hh: self.ready.setdefault(hh.key, time.perf_counter()))
+            def timed_take(owner: str, key: str) -> Any:
+                h = take(owner, key)
+                if h is not None:
+                    self.handles.append(h)
+                return h
+
+            def timed_read(reqs: Any) -> Any:
+                hs = read(reqs)
+                self.handles.extend(hs)
                 return hs
 
-            kb.engine.read = timed_read
+            e.take, e.read = timed_take, timed_read
             get = kb.batched_get_blocking
 
             def timed_get(keys: Any) -> Any:
@@ -214,6 +220,7 @@ class _Timeline:
         conn.batched_to_gpu = timed_to_gpu
 
     def reset(self) -> None:
+        self.handles = []
         self.ready.clear()
         self.gets.clear()
         self.scatters.clear()
@@ -221,6 +228,10 @@ class _Timeline:
     def report(self, t0: float) -> dict:
         def r(x: float) -> float:
             return round(x - t0, 4)
+
+        for h in self.handles:  # when kvstream delivered each chunk
+            if h.delivered_at:
+                self.ready.setdefault(h.key, h.delivered_at)
 
         out: dict = {"scatter_start": [r(a) for a, _ in self.scatters],
                      "scatter_s": [round(b - a, 4) for a, b in self.scatters]}
