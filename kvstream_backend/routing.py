@@ -27,8 +27,9 @@ late). The window stays within ``[min_window, max_window]``; before the first co
 ``m``.
 
 **Hedges.** After its own claims in a pool, a tier with room re-reads chunks of that pool in
-flight on other tiers, if it would deliver them sooner (its per-byte latency against the time
-the other tier's read started plus that tier's per-byte latency); the first copy to land wins.
+flight on other tiers, if it would deliver them sooner: its own reads queued ahead of the
+hedge, at its measured rate, against the other tier's reads started before that chunk (and
+half of it), at that tier's rate; the first copy to land wins.
 At most ``max(m, the largest other window)`` hedges per tier per pool.
 
 Call protocol (one driver thread): ``add`` registers a chunk and returns its id; ``claim(tier,
@@ -48,7 +49,7 @@ import math
 from collections.abc import Iterable, Iterator
 
 UNCLAIMED, INFLIGHT, DONE, DEAD = 0, 1, 2, 3
-EWMA = 0.3  # weight of a new sample in a tier's rate and latency estimates
+EWMA = 0.3  # weight of a new sample in a tier's rate and chunk-size estimates
 COMPACT_AT = 4096  # a pool's claimed prefix is cut once longer than this (and half the pool)
 RERANK = 1.25  # a tier takes a faster end once its rate exceeds its neighbour's by this factor
 
@@ -114,7 +115,6 @@ class ClaimRouter:
         self._area = [0.0] * n  # integral of the tier's reads in flight over time
         self._area_at = [0.0] * n
         self._rate: list[float | None] = [None] * n  # bytes/s
-        self._spb: list[float | None] = [None] * n  # read latency per byte, seconds
         self._size: list[float | None] = [None] * n  # chunk size, bytes
         self._demanded = 0  # demanded chunks neither delivered nor dead
         self.hedged = [0] * n  # hedges issued, per tier (cumulative)
@@ -150,9 +150,8 @@ class ClaimRouter:
         lat = max(now - t0, 1e-9)
         # Little's law: throughput = reads in flight (averaged over this read's life) / latency
         rate = max(self._area[tier] - area0, lat) * size / lat ** 2
-        old, spb = self._rate[tier], self._spb[tier]
+        old = self._rate[tier]
         self._rate[tier] = rate if old is None else old + EWMA * (rate - old)
-        self._spb[tier] = lat / size if spb is None else spb + EWMA * (lat / size - spb)
         s = self._size[tier]
         self._size[tier] = size if s is None else s + EWMA * (size - s)
         self._rerank()
@@ -342,17 +341,19 @@ class ClaimRouter:
     def _hedge(self, pool: _Pool, tier: int, now: float, room: int, picks: list[int]) -> int:
         others = [self.window(t) for t in range(self.n_tiers) if t != tier]
         budget = min(room, max([self.m, *others]) - pool.hedged[tier])
-        spb = self._spb[tier]
-        if budget <= 0 or spb is None or not pool.inflight:
+        rate = self._rate[tier]
+        if budget <= 0 or not rate or not pool.inflight:
             return 0
         n = 0
+        queued = self._outstanding[tier] + len(picks)  # reads of ours ahead of a hedge
         for i in list(pool.inflight):
             c = self._chunks[i]
             if tier in c.readers or tier not in c.holders or i in picks:
                 continue
-            mine = now + spb * c.size
-            if all(mine < self._eta(o, i, c.size) for o in c.readers):
+            mine = now + (queued + 1) * c.size / rate  # Little's law: our queue, our rate
+            if all(mine < self._eta(o, i, c.size, now) for o in c.readers):
                 picks.append(i)
+                queued += 1
                 n += 1
                 if n == budget:
                     break
@@ -360,10 +361,14 @@ class ClaimRouter:
         self.hedged[tier] += n
         return n
 
-    def _eta(self, tier: int, i: int, size: int) -> float:
-        """When ``tier``'s read of chunk ``i`` should end (inf if the tier never finished one)."""
-        spb = self._spb[tier]
-        return math.inf if spb is None else self._started[tier][i][0] + spb * size
+    def _eta(self, tier: int, i: int, size: int, now: float) -> float:
+        """When ``tier`` should deliver chunk ``i``: the reads it started before it, and half of
+        this one, at its measured rate (inf before it finished any: unknown, maybe stuck)."""
+        rate = self._rate[tier]
+        if not rate:
+            return math.inf
+        ahead = list(self._started[tier]).index(i)  # claim order: oldest first
+        return now + (ahead + 0.5) * size / rate
 
     # ---- completion -----------------------------------------------------------------------
     def complete(self, tier: int, i: int, now: float = 0.0) -> bool:
