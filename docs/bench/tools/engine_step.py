@@ -1,5 +1,10 @@
 """Engine-level step in LMCache's order: lookups (lookup-time reads) for R requests, then one
-get per request. Prints per-config step seconds and GB/s. Usage: engbench.py CONFIG..."""
+get per request. Prints per-config step seconds and GB/s. Usage: engbench.py setup, then
+engbench.py CONFIG... (CONFIG: shm, disk, disk+shm, ...; EB_MIB/EB_R/EB_C/EB_OPTS env).
+
+Kept as run on the H200 (docs/benchmarks.md, issue 20): it drives the engine API of v0.1 and of
+commit 5ba91df (``Engine.read(..., prefetch=True)``); from 4112b85 on, a lookup is
+``engine.lookup_and_pin(owner, keys, read=...)`` followed by ``engine.take(owner, key)``."""
 import os, sys, time, json, statistics, shutil
 from kvstream_backend.config import parse_config
 from kvstream_backend.engine import Engine
