@@ -132,10 +132,6 @@ class ClaimRouter:
         want = math.ceil(rate * self.target_s / size) + 1
         return min(max(want, self.min_window), self.max_window)
 
-    def rate(self, tier: int) -> float | None:
-        """The tier's measured read throughput in bytes/s (None before its first read)."""
-        return self._rate[tier]
-
     def _advance(self, tier: int, now: float) -> None:
         """Integrate the tier's reads in flight up to ``now`` (before it changes)."""
         if now > self._area_at[tier]:
