@@ -87,6 +87,8 @@ def test_no_leaks_and_prefix_convention(tmp_path, tier_dirs, sms, caplog):
         o.ref_count_down()
     for i in (0, 1):
         assert kv.unpin(H.key(i))
+    assert not kv.pin(H.key(2)) and not kv.contains(H.key(2), pin=True)  # a miss pins nothing
+    assert kv.engine.pinned() == 0
     assert kv.engine.wait_idle(10)  # hedge losers release their buffers when they land
     assert H.active_allocations(sm) == 0, "a MemoryObj leaked"
     gc.collect()

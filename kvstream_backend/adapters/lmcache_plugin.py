@@ -190,7 +190,7 @@ class KVStreamBackend(StoragePluginInterface):
     # ---- lookup ---------------------------------------------------------------------------
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         if pin:
-            return self.engine.lookup_and_pin(SYNC, [key.to_string()])[0] is not None
+            return self.pin(key)
         return self.engine.lookup(key.to_string()) is not None
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
@@ -222,7 +222,7 @@ class KVStreamBackend(StoragePluginInterface):
 
     # ---- pins -----------------------------------------------------------------------------
     def pin(self, key: CacheEngineKey) -> bool:
-        return self.engine.lookup_and_pin(SYNC, [key.to_string()])[0] is not None
+        return bool(self.engine.lookup_and_pin(SYNC, [key.to_string()]))  # the prefix hit
 
     def unpin(self, key: CacheEngineKey) -> bool:
         return self.engine.release(SYNC, [key.to_string()]) > 0
