@@ -131,15 +131,14 @@ class Engine:
 
     def lookup_and_pin(
         self, owner: Owner, keys: Sequence[str], *, prefix: bool = True,
-        ttl_s: float | None = -1.0, read: Callable[[ChunkInfo], Alloc | None] | None = None,
+        expires: bool = True, read: Callable[[ChunkInfo], Alloc | None] | None = None,
     ) -> list[ChunkInfo | None]:
         """Pin, then look up, each key for ``owner``; a miss is unpinned. ``prefix``: stop at
-        the first miss (the result is the leading run of hits). ``ttl_s``: how long the pins
-        and reads are held without a ``release`` (default ``prefetch_timeout_s``; None: until
+        the first miss (the result is the leading run of hits). ``expires``: pins and reads
+        not released within ``prefetch_timeout_s`` are released then (False: held until
         released). ``read(info)`` gives the allocator of a hit's lookup-time read (None: that
         hit is not read); a key the owner already holds a read of is not read twice."""
-        ttl = self.cfg.prefetch_timeout_s if ttl_s is not None and ttl_s < 0 else ttl_s
-        deadline = float("inf") if ttl is None else self._clock() + ttl
+        deadline = (self._clock() + self.cfg.prefetch_timeout_s) if expires else float("inf")
         out: list[ChunkInfo | None] = []
         reqs: list[ReadRequest] = []
         for key in keys:

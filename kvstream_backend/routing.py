@@ -197,9 +197,9 @@ class ClaimRouter:
         return self._new_pool()
 
     def _serving_pool(self) -> _Pool:
-        sealed = [p for p in self._pools if p.sealed]
-        if sealed:
-            return sealed[-1]
+        served = next((p for p in reversed(self._pools) if p.sealed), None)
+        if served is not None:
+            return served
         pool = self._open_pool()
         pool.sealed = True
         return pool
@@ -289,7 +289,7 @@ class ClaimRouter:
         ``ahead=False`` (memory is short) claims only chunks a get waits for."""
         room = min(self.m, self.window(tier) - self._outstanding[tier])
         picks: list[int] = []
-        for pool in list(self._pools):
+        for pool in self._pools:  # (claiming never adds or removes a pool)
             if room <= 0:
                 break
             for i in self._unclaimed(pool, tier, ahead):

@@ -245,7 +245,7 @@ def test_capacity_and_lru(tier_dirs, make_engine):
     t = e.tiers[0]
     write_all(e, [f"c{i}" for i in range(10)], size)
     assert len(t) == 10
-    assert e.lookup_and_pin("test", ["c1"], ttl_s=None) == [e.lookup("c1")]
+    assert e.lookup_and_pin("test", ["c1"], expires=False) == [e.lookup("c1")]
     for i in range(10, 40):
         check_all(e, ["c0"], size)  # c0 is read before every write: never the LRU victim
         write_all(e, [f"c{i}"], size)

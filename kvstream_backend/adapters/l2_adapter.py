@@ -292,7 +292,7 @@ class KVStreamL2Adapter(L2AdapterInterface):
         bitmap = Bitmap(len(keys))
         try:  # locked until submit_unlock: the controller always unlocks what it locked
             infos = self.engine.lookup_and_pin(LOCKS, [key_string(k) for k in keys],
-                                               prefix=False, ttl_s=None)
+                                               prefix=False, expires=False)
             for i, info in enumerate(infos):
                 if info is not None:
                     bitmap.set(i)
