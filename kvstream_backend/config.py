@@ -139,13 +139,15 @@ def parse_config(
     return _decode(raw, "kvstream", check_paths)
 
 
-def parse_params(params: dict[str, Any], *, label: str = "adapter_params") -> KVStreamConfig:
-    """Decode the same keys without the prefix (an L2 adapter's ``adapter_params``); errors
-    name ``<label>.<key>``. Tier roots are never created here (a missing one is a tier down)."""
+def parse_params(params: dict[str, Any], *, label: str = "adapter_params",
+                 check_paths: bool = False) -> KVStreamConfig:
+    """Decode the same keys without the prefix (an L2 adapter's ``adapter_params``, SGLang's
+    ``extra_config``); errors name ``<label>.<key>``. ``check_paths`` as for
+    :func:`parse_config`; without it a missing tier root is a tier down, never created."""
     if not isinstance(params, dict):
         raise ConfigError(f"{label}: expected a mapping of kvstream options, got "
                           f"{type(params).__name__}")
-    return _decode(dict(params), label, check_paths=False)
+    return _decode(dict(params), label, check_paths)
 
 
 REPLACED = {"claim_depth": "read_window (chunks in flight per tier; \"auto\" sizes it to the "

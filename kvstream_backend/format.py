@@ -23,6 +23,7 @@ so a hostile header cannot make the reader allocate more than the caller's bound
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 import xxhash
 
@@ -57,8 +58,15 @@ def file_size(payload_len: int) -> int:
     return HEADER_SIZE + padded(payload_len)
 
 
-def payload_checksum(payload: memoryview) -> int:
-    return xxhash.xxh3_64_intdigest(payload)
+def payload_checksum(parts: Sequence[memoryview]) -> int:
+    """xxh3-64 of the payload held by ``parts``, in order (one part, or a scattered buffer's
+    pieces: the same digest as of their concatenation)."""
+    if len(parts) == 1:
+        return xxhash.xxh3_64_intdigest(parts[0])
+    h = xxhash.xxh3_64()
+    for part in parts:
+        h.update(part)
+    return h.intdigest()
 
 
 def encode_header(
@@ -112,9 +120,11 @@ def decode_header(buf: memoryview | bytes, digest: bytes, max_payload: int) -> H
     return Header(payload_len, payload_xxh, meta)
 
 
-def verify_payload(header: Header, payload: memoryview) -> None:
-    """Raise :class:`CorruptChunk` unless ``payload`` is exactly the bytes ``header`` describes."""
-    if len(payload) != header.payload_len:
-        raise CorruptChunk("truncated", f"{len(payload)} of {header.payload_len} bytes")
-    if payload_checksum(payload) != header.payload_xxh:
+def verify_payload(header: Header, parts: Sequence[memoryview]) -> None:
+    """Raise :class:`CorruptChunk` unless ``parts`` hold exactly the bytes ``header``
+    describes."""
+    n = sum(len(p) for p in parts)
+    if n != header.payload_len:
+        raise CorruptChunk("truncated", f"{n} of {header.payload_len} bytes")
+    if payload_checksum(parts) != header.payload_xxh:
         raise CorruptChunk("bad-payload-checksum")

@@ -3,6 +3,10 @@
 Adapters (the LMCache plugin, the L2 adapter, the bench, tests) import this module and
 :class:`~kvstream_backend.engine.Engine`; nothing else of the engine's internals.
 
+A buffer is one range of memory, or a :class:`Regions`: one chunk's payload scattered over
+several ranges of the caller's memory (a page of SGLang's host pool: K and V apart, or one range
+per layer), read into and written from in place.
+
 Buffer ownership: a buffer handed to :meth:`Engine.read` (or allocated by the engine through
 the request's ``alloc``) belongs to the engine until the handle delivers it. A delivered buffer
 (``handle.result``) belongs to whoever holds the handle, who must ``release()`` it (or call
@@ -15,7 +19,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,6 +37,42 @@ class Buffer(Protocol):
 
 Alloc = Callable[[int], "Buffer | None"]
 """Allocates a buffer for an ``n``-byte payload, or returns None when memory is short."""
+
+Segment = tuple[int, int]  # (address, length)
+
+
+class Regions:
+    """A buffer made of ``segments``, in payload order: the payload's first bytes fill the
+    first segment, and so on. ``addr`` is the first segment's, ``capacity`` their sum;
+    ``release`` calls ``on_release`` (the memory stays the caller's)."""
+
+    __slots__ = ("segments", "addr", "capacity", "_on_release")
+
+    def __init__(self, segments: Sequence[Segment],
+                 on_release: Callable[[], None] | None = None) -> None:
+        if not segments or any(n <= 0 for _, n in segments):
+            raise ValueError("Regions: need at least one segment, each of positive length")
+        self.segments = tuple(segments)
+        self.addr = segments[0][0]
+        self.capacity = sum(n for _, n in segments)
+        self._on_release = on_release
+
+    def release(self) -> None:
+        if self._on_release is not None:
+            self._on_release()
+
+
+def segments(buf: Buffer, n: int) -> list[Segment]:
+    """The memory that holds the first ``n`` bytes of ``buf``'s payload, in order."""
+    if not isinstance(buf, Regions):
+        return [(buf.addr, n)]
+    out: list[Segment] = []
+    for addr, size in buf.segments:
+        if n <= 0:
+            break
+        out.append((addr, min(size, n)))
+        n -= size
+    return out
 
 
 @dataclass(frozen=True)
@@ -60,6 +100,11 @@ class ReadRequest:
 def payload_view(addr: int, n: int) -> memoryview:
     """A temporary view of ``n`` bytes at ``addr`` (for checksums); no copy."""
     return memoryview((ctypes.c_ubyte * n).from_address(addr)).cast("B")
+
+
+def payload_views(buf: Buffer, n: int) -> list[memoryview]:
+    """Temporary views of the first ``n`` payload bytes of ``buf``, in order; no copy."""
+    return [payload_view(a, m) for a, m in segments(buf, n)]
 
 
 _PENDING, _DONE, _ABANDONED = 0, 1, 2

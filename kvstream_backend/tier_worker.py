@@ -44,7 +44,7 @@ from typing import Any
 from . import format as fmt
 from .config import KVStreamConfig
 from .emulate import Throttle, tier_throttle
-from .handles import Buffer, ReadHandle, payload_view
+from .handles import Buffer, ReadHandle, Segment, payload_views, segments
 from .io import files
 from .io.memory import AlignedBuffer
 from .io.ops import IoOp, IoQueue, Waker
@@ -82,17 +82,16 @@ class ReadJob:
 class WriteJob:
     """One tier's copy of one staged chunk: reserve, write a temp file, publish it."""
 
-    __slots__ = ("tier", "chunk", "digest", "hdr_addr", "buf_addr", "n", "size", "header",
+    __slots__ = ("tier", "chunk", "digest", "hdr_addr", "segs", "size", "header",
                  "errno", "reason", "moved", "published", "bounce")
 
-    def __init__(self, tier: int, chunk: object, digest: bytes, hdr_addr: int, buf_addr: int,
-                 n: int, header: fmt.Header) -> None:
+    def __init__(self, tier: int, chunk: object, digest: bytes, hdr_addr: int,
+                 segs: list[Segment], header: fmt.Header) -> None:
         self.tier = tier
         self.chunk = chunk  # the writer's per-chunk record
         self.digest = digest
         self.hdr_addr = hdr_addr
-        self.buf_addr = buf_addr
-        self.n = n  # payload bytes written (padded when the buffer allows)
+        self.segs = segs  # the payload's memory (padded when the buffer allows)
         self.size = fmt.file_size(header.payload_len)
         self.header = header
         self.errno = 0
@@ -247,18 +246,22 @@ class TierWorker:
     # reads
     def _start_read(self, job: ReadJob) -> None:
         info = job.handle.info
-        need = fmt.padded(info.payload_len) if self.direct else info.payload_len
+        plen = info.payload_len
         try:
             fd = files.open_read(self.tier.chunk_path(info.digest), self.direct)
         except OSError as e:
             self._read_failed(job, e.errno or errno.EIO)
             self._read_done(job)
             return
-        addr = job.buf.addr
-        if self.direct and (addr % fmt.ALIGN or job.buf.capacity < need):
-            job.bounce = AlignedBuffer(need)
-            addr = job.bounce.addr
-        self._submit(IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), (addr, need)], 0, False, job))
+        segs = segments(job.buf, plen)
+        if self.direct:
+            need = fmt.padded(plen)
+            if len(segs) == 1 and job.buf.capacity >= need:
+                segs = [(segs[0][0], need)]  # the padding lands in the buffer's slack
+            if not _aligned(segs):
+                job.bounce = AlignedBuffer(need)
+                segs = [(job.bounce.addr, need)]
+        self._submit(IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), *segs], 0, False, job))
 
     def _reaped(self, op: IoOp, throttle: Throttle | None) -> None:
         if not op.write:  # a copy's file is closed with its publication (file threads)
@@ -297,11 +300,15 @@ class TierWorker:
             header = fmt.decode_header(job.hdr[1], info.digest, self._cfg.max_chunk_bytes)
             if header.payload_len != info.payload_len:
                 raise fmt.CorruptChunk("length-mismatch")
-            src = job.bounce.addr if job.bounce is not None else job.buf.addr
+            plen = info.payload_len
+            src = job.bounce if job.bounce is not None else job.buf
             if self._cfg.verify_checksums:
-                fmt.verify_payload(header, payload_view(src, info.payload_len))
+                fmt.verify_payload(header, payload_views(src, plen))
             if job.bounce is not None:
-                ctypes.memmove(job.buf.addr, src, info.payload_len)
+                at = job.bounce.addr
+                for addr, n in segments(job.buf, plen):
+                    ctypes.memmove(addr, at, n)
+                    at += n
         except fmt.CorruptChunk as e:
             job.reason = e.reason
         except Exception:  # noqa: BLE001 - the job must come back, or close() waits for it
@@ -361,18 +368,21 @@ class TierWorker:
     def _open_temp(self, job: WriteJob) -> IoOp:
         """The copy's write op; on failure no temp file or descriptor is left behind."""
         fd, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, self.direct)
-        addr, n = job.buf_addr, job.n
+        segs = job.segs
         try:
-            if self.direct and (addr % fmt.ALIGN or n % fmt.ALIGN):
-                plen = job.header.payload_len
-                job.bounce = AlignedBuffer(plen)  # zero-filled past the payload
-                ctypes.memmove(job.bounce.addr, addr, plen)
-                addr, n = job.bounce.addr, job.bounce.capacity
+            if self.direct and not _aligned(segs):
+                job.bounce = AlignedBuffer(job.header.payload_len)  # zero-filled past the end
+                at, left = job.bounce.addr, job.header.payload_len
+                for addr, n in segs:  # the payload only: a buffer's slack is not copied
+                    n = min(n, left)
+                    ctypes.memmove(at, addr, n)
+                    at, left = at + n, left - n
+                segs = [(job.bounce.addr, job.bounce.capacity)]
         except BaseException:
             files.close(fd, drop_pages=False)
             files.unlink_quiet(tmp)
             raise
-        return IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), (addr, n)], 0, True, (job, tmp))
+        return IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), *segs], 0, True, (job, tmp))
 
     def _finish_write(self, op: IoOp) -> None:
         job, _ = op.ctx
@@ -453,3 +463,8 @@ class TierWorker:
             files.close(src, drop_pages=True)
             if tmp:
                 files.unlink_quiet(tmp)
+
+
+def _aligned(segs: list[Segment]) -> bool:
+    """True if O_DIRECT can move ``segs`` as they are (every address and length aligned)."""
+    return all(not (addr % fmt.ALIGN or n % fmt.ALIGN) for addr, n in segs)

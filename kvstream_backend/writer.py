@@ -27,12 +27,12 @@ import errno
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import format as fmt
 from .accounting import StepMeter
 from .config import KVStreamConfig
-from .handles import Buffer, call_safely, payload_view
+from .handles import Buffer, Segment, call_safely, payload_views, segments
 from .io import files
 from .io.memory import SlabPool
 from .tier_runtime import TierRuntime
@@ -52,7 +52,8 @@ class StagedChunk:
     on_done: Callable[[], None] | None
     hdr: tuple[int, memoryview] | None = None
     header: fmt.Header | None = None
-    n: int = 0  # bytes each copy writes (the payload, padded when the buffer allows)
+    segs: list[Segment] = field(default_factory=list)  # the memory each copy writes (the
+    # payload, padded when the buffer allows)
     pending: int = 0  # copies queued or in flight
     published: bool = False
 
@@ -205,12 +206,14 @@ class Writer:
 
     def _start(self, chunk: StagedChunk) -> None:
         plen = chunk.payload_len
-        xxh = fmt.payload_checksum(payload_view(chunk.buf.addr, plen))
+        xxh = fmt.payload_checksum(payload_views(chunk.buf, plen))
         chunk.hdr = self._slab.get()
         chunk.header = fmt.Header(plen, xxh, chunk.meta)
         fmt.encode_header(chunk.hdr[1], chunk.digest, plen, xxh, chunk.meta)
+        chunk.segs = segments(chunk.buf, plen)
         padded = fmt.padded(plen)
-        chunk.n = padded if chunk.buf.capacity >= padded else plen
+        if len(chunk.segs) == 1 and chunk.buf.capacity >= padded:
+            chunk.segs = [(chunk.segs[0][0], padded)]  # writes the buffer's slack as padding
         for ti, rt in enumerate(self._tiers):
             if not rt.tier.up or rt.tier.has(chunk.digest):
                 continue  # every healthy tier that lacks the chunk gets it
@@ -227,8 +230,7 @@ class Writer:
             self._copy_done(chunk)
             return
         assert chunk.hdr is not None and chunk.header is not None
-        rt.io.write(WriteJob(ti, chunk, chunk.digest, chunk.hdr[0], chunk.buf.addr, chunk.n,
-                             chunk.header))
+        rt.io.write(WriteJob(ti, chunk, chunk.digest, chunk.hdr[0], chunk.segs, chunk.header))
         self._inflight[ti] += 1
 
     def _copy_done(self, chunk: StagedChunk) -> None:

@@ -12,7 +12,7 @@ from kvstream_backend.io.memory import AlignedBuffer
 
 def _header(digest: bytes, payload: bytes, meta: bytes = b"m") -> bytearray:
     buf = AlignedBuffer(fmt.HEADER_SIZE)
-    xxh = fmt.payload_checksum(memoryview(payload))
+    xxh = fmt.payload_checksum([memoryview(payload)])
     fmt.encode_header(buf.view, digest, len(payload), xxh, meta)
     out = bytearray(buf.view)
     buf.release()
@@ -24,7 +24,7 @@ def test_round_trip() -> None:
     payload = bytes(range(256)) * 40
     h = fmt.decode_header(_header(d, payload, b"shape"), d, 1 << 20)
     assert (h.payload_len, h.meta) == (len(payload), b"shape")
-    fmt.verify_payload(h, memoryview(payload))
+    fmt.verify_payload(h, [memoryview(payload)])
 
 
 def test_digest_is_of_the_full_key() -> None:
@@ -78,7 +78,7 @@ def test_payload_damage(mutate: str) -> None:
     else:
         payload = bytearray()
     with pytest.raises(fmt.CorruptChunk):
-        fmt.verify_payload(h, memoryview(payload))
+        fmt.verify_payload(h, [memoryview(payload)])
 
 
 def test_short_header() -> None:

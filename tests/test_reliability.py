@@ -106,7 +106,7 @@ def test_four_nodes_share_a_tier(tmp_path, tier_dirs) -> None:
         digest = bytes.fromhex(os.path.basename(f)[:32])
         h = fmt.decode_header(data[: fmt.HEADER_SIZE], digest, 1 << 20)
         body = data[fmt.HEADER_SIZE : fmt.HEADER_SIZE + SIZE]
-        fmt.verify_payload(h, memoryview(body))
+        fmt.verify_payload(h, [memoryview(body)])
         assert body == payload(keys[digest], SIZE)
 
 

@@ -59,7 +59,8 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.platform import create_event_notifier
 
 from ..config import ConfigError, KVStreamConfig, parse_params
-from ..engine import Engine, ReadHandle, ReadRequest
+from ..engine import Engine, ReadRequest
+from .settle import Settlement
 
 log = init_logger("kvstream")  # the engine logs to "kvstream" too: through LMCache's handler
 
@@ -130,52 +131,6 @@ class _L1Buffer:
     def release(self) -> None:
         if self._on_release is not None:
             self._on_release()
-
-
-class _LoadTask:
-    """Settles keys as the engine finishes with them; calls ``done(bitmap)`` once, when all are.
-
-    Invariant: ``done`` runs only after the engine has stopped writing into every buffer of the
-    task (a delivered chunk, or a miss whose buffer was handed back).
-    """
-
-    def __init__(self, n: int, done: Callable[[Bitmap], None]) -> None:
-        self._lock = threading.Lock()
-        self._left = n
-        self._bitmap = Bitmap(n)
-        self._delivered: dict[int, bool] = {}
-        self._released: set[int] = set()
-        self._done = done
-        if n == 0:
-            done(self._bitmap)
-
-    def miss(self, i: int) -> None:
-        """Key ``i`` was never handed to the engine."""
-        self._settle(i, False)
-
-    def delivered(self, i: int, h: ReadHandle) -> None:
-        ok = h.result is not None
-        with self._lock:
-            if not ok and i not in self._released:
-                self._delivered[i] = False  # settled when the engine hands the buffer back
-                return
-        self._settle(i, ok)
-
-    def released(self, i: int) -> None:
-        with self._lock:
-            if self._delivered.get(i) is None:
-                self._released.add(i)  # a miss being delivered, or a read still retrying
-                return
-        self._settle(i, False)
-
-    def _settle(self, i: int, ok: bool) -> None:
-        with self._lock:
-            if ok:
-                self._bitmap.set(i)
-            self._left -= 1
-            finished = self._left == 0
-        if finished:
-            self._done(self._bitmap)
 
 
 class _StoreTask:
@@ -312,12 +267,12 @@ class KVStreamL2Adapter(L2AdapterInterface):
     # ---- load -----------------------------------------------------------------------------
     def submit_load_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
         tid = self._task_id()
-        task = _LoadTask(len(keys), functools.partial(self._loaded, tid, keys))
+        task = Settlement(len(keys), functools.partial(self._loaded, tid, keys))
         if keys:
             self._lookups_pool.submit(self._admit_load, task, keys, objects)
         return tid
 
-    def _admit_load(self, task: _LoadTask, keys: list[ObjectKey],
+    def _admit_load(self, task: Settlement, keys: list[ObjectKey],
                     objects: list[MemoryObj]) -> None:
         reqs, idx = [], []
         for i, (key, obj) in enumerate(zip(keys, objects, strict=True)):
@@ -332,7 +287,11 @@ class KVStreamL2Adapter(L2AdapterInterface):
         for i, h in zip(idx, self.engine.read(reqs), strict=True):
             h.add_done_callback(functools.partial(task.delivered, i))
 
-    def _loaded(self, tid: L2TaskId, keys: list[ObjectKey], bitmap: Bitmap) -> None:
+    def _loaded(self, tid: L2TaskId, keys: list[ObjectKey], hits: list[bool]) -> None:
+        bitmap = Bitmap(len(keys))
+        for i, ok in enumerate(hits):
+            if ok:
+                bitmap.set(i)
         with self._lock:
             self._loads[tid] = (keys, bitmap)
         self._load_efd.notify()

@@ -123,7 +123,7 @@ def _whole_chunks(roots: list[str]) -> tuple[int, list[str]]:
                 body = memoryview(data)[fmt.HEADER_SIZE: fmt.HEADER_SIZE + h.payload_len]
                 if len(body) != h.payload_len:
                     raise fmt.CorruptChunk("truncated", path)
-                fmt.verify_payload(h, body)
+                fmt.verify_payload(h, [body])
             except fmt.CorruptChunk as e:
                 bad.append(f"{path}: {e}")
     return n, bad
