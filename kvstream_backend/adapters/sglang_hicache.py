@@ -10,8 +10,9 @@ dynamic --hicache-storage-backend-extra-config @kvstream-hicache.json`` with::
 
 The other keys of that dict are the ``kvstream.*`` options without the prefix; errors name the
 key (``extra_config.tiers[1].path``). Tier directories are created if missing, as SGLang's file
-backend does (the L2 adapter, a shared server, never creates them). SGLang's own keys (``prefetch_threshold``, ...) are
-popped by SGLang before the backend sees the dict; the four loader keys are ignored here.
+backend does (the L2 adapter, a shared server, never creates them). SGLang's own keys
+(``prefetch_threshold``, ...) are popped by SGLang before the backend sees the dict; the four
+loader keys are ignored here.
 
 Call protocol (SGLang 0.5.23, ``HiCacheStorage`` with ``interface_v1``; one prefetch thread
 reads, one backup thread writes, each call blocks its thread, never SGLang's scheduler):
@@ -68,8 +69,10 @@ IGNORED_KEYS = (*LOADER_KEYS, "file_storage_path")  # set by SGLang for its file
 PINS = "hicache"  # the engine owner of batch_exists' pins
 
 
-def parse_extra_config(extra: dict[str, Any] | None) -> KVStreamConfig:
-    """The kvstream options of SGLang's ``extra_config``; errors name ``extra_config.<key>``."""
+def parse_extra_config(extra: dict[str, Any] | None, *,
+                       check_paths: bool = True) -> KVStreamConfig:
+    """The kvstream options of SGLang's ``extra_config``; errors name ``extra_config.<key>``.
+    ``check_paths``: create missing tier directories and check them (at start)."""
     if not extra or "tiers" not in extra:
         raise ConfigError('extra_config.tiers is required: a list of {name, path, max_size_gb} '
                           '(--hicache-storage-backend-extra-config)')
@@ -77,7 +80,7 @@ def parse_extra_config(extra: dict[str, Any] | None) -> KVStreamConfig:
         raise ConfigError('extra_config.interface_v1: set it to 1 (kvstream serves HiCache '
                           "through the zero-copy v1 interface)")
     return parse_params({k: v for k, v in extra.items() if k not in IGNORED_KEYS},
-                        label="extra_config", check_paths=True)
+                        label="extra_config", check_paths=check_paths)
 
 
 class _Staging:

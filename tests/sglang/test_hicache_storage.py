@@ -230,3 +230,15 @@ def test_the_tensor_path_without_v1_roundtrips(tiers, backends):
     assert all(g is not None for g in got)
     assert all(torch.equal(d.view(torch.uint8), p.view(torch.uint8))
                for d, p in zip(dst, pages, strict=True))
+
+
+def test_the_example_extra_config_is_what_sglang_hands_the_backend():
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    from kvstream_backend.adapters.sglang_hicache import parse_extra_config
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "sglang-hicache.json")
+    extra, threshold, *_ = HybridCacheController.parse_storage_backend_extra_config("@" + path)
+    assert threshold == 256  # SGLang's own key, popped before the backend sees the dict
+    cfg = parse_extra_config(extra, check_paths=False)
+    assert [t.name for t in cfg.tiers] == ["nvme", "pfs"]
