@@ -18,30 +18,29 @@ import uuid
 from unittest import mock
 
 import pytest
+import sglang.test.kits.unified_radix_cache.fixtures as kit_fixtures
 import torch
-
-pytest.importorskip("sglang", reason="tox -e sglang installs SGLang")
-
-import sglang.test.kits.unified_radix_cache.fixtures as kit_fixtures  # noqa: E402
-from sglang.kernels.ops.attention.fla.chunk_delta_h import (  # noqa: E402
+from sglang.kernels.ops.attention.fla.chunk_delta_h import (
     CHUNK_SIZE as FLA_CHUNK_SIZE,
 )
-from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle  # noqa: E402
-from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
-from sglang.srt.server_args import (  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.server_args import (
     ServerArgs,
     set_global_server_args_for_scheduler,
 )
-from sglang.test.kits.unified_radix_cache.config import CacheConfig  # noqa: E402
-from sglang.test.kits.unified_radix_cache.fixtures import (  # noqa: E402
+from sglang.test.kits.unified_radix_cache.config import CacheConfig
+from sglang.test.kits.unified_radix_cache.fixtures import (
     build_fixture,
     drop_hicache_atexit_pin,
     match_prefix,
     node_host_value,
 )
-from sglang.test.kits.unified_radix_cache.storage import (  # noqa: E402
+from sglang.test.kits.unified_radix_cache.storage import (
     UnifiedRadixCacheStorageFixtures,
 )
+
+pytestmark = pytest.mark.sglang
 
 
 class TestHiCacheControllerOverKVStream(UnifiedRadixCacheStorageFixtures, unittest.TestCase):

@@ -14,6 +14,8 @@ from kvstream_backend.config import ConfigError
 
 from .conftest import PAGE, create, extra_config, fill_random, host_pool, page_bytes
 
+pytestmark = pytest.mark.sglang
+
 LAYOUTS = ["page_first", "layer_first"]
 
 
