@@ -77,6 +77,15 @@ def add_bench_parser(sub: Any) -> None:
     g.add_argument("--gpu-torch-threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads in each phase (default 1, as vLLM's GPU "
                    "worker serves; 0: torch's default, one per core)")
+    g.add_argument("--trace", metavar="NAME|FILE",
+                   help="with --gpu: time to first token under a request trace instead "
+                   "(conversation, synthetic: the bundled Mooncake traces; or a .jsonl file)")
+    g.add_argument("--trace-requests", type=int, default=48,
+                   help="replay the burstiest N consecutive requests of the trace")
+    g.add_argument("--trace-scale", type=float, default=1.0,
+                   help="divide the trace's inter-arrival times by this")
+    g.add_argument("--token-budget", type=int, default=16384,
+                   help="tokens prefilled per batch (vLLM's max_num_batched_tokens)")
     p.set_defaults(func=run)
 
 
@@ -104,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     for name in ("lmcache", "kvstream"):
         logging.getLogger(name).setLevel(logging.ERROR)
     console = Console()
+    if args.gpu and args.trace:
+        from .replay import run_replay
+
+        return run_replay(args, console)
     if args.gpu:
         from .gpu import run_gpu
 

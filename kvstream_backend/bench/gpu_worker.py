@@ -111,7 +111,9 @@ class _RefConnector:
         return torch.Size([2, self.s.layers, n, self.s.kv_heads * self.s.head_dim])
 
 
-def _build(p: Phase) -> tuple[Any, Any]:
+def build_engine(config_name: str, lmcache: dict[str, Any], s: Shape,
+                 work: str) -> tuple[Any, Any]:
+    """An LMCache engine as vLLM's ``LMCacheConnectorV1`` builds it, and its GPU connector."""
     import torch
     import yaml
     from lmcache.utils import EngineType
@@ -119,10 +121,9 @@ def _build(p: Phase) -> tuple[Any, Any]:
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
 
-    path = os.path.join(p.work, f"lmcache-{p.config}.yaml")
+    path = os.path.join(work, f"lmcache-{config_name}.yaml")
     with open(path, "w") as f:
-        yaml.safe_dump(p.lmcache, f)
-    s = p.shape
+        yaml.safe_dump(lmcache, f)
     config = LMCacheEngineConfig.from_file(path)
     meta = LMCacheMetadata(model_name=MODEL, world_size=1, local_world_size=1, worker_id=0,
                            local_worker_id=0, kv_dtype=torch.bfloat16,
@@ -140,7 +141,7 @@ def _build(p: Phase) -> tuple[Any, Any]:
     return eng, conn
 
 
-def _kvstream(eng: Any) -> Any:
+def kvstream_backend_of(eng: Any) -> Any:
     return eng.storage_manager.storage_backends.get("kvstream")
 
 
@@ -182,7 +183,7 @@ class _Timeline:
         self.handles: list[Any] = []
         self.gets: list[tuple[float, float, list[str]]] = []
         self.scatters: list[tuple[float, float]] = []
-        kb = _kvstream(eng)
+        kb = kvstream_backend_of(eng)
         if kb is not None:
             e = kb.engine
             take, read = e.take, e.read
@@ -250,7 +251,7 @@ def _step(eng: Any, kv: list, tokens: list, slots: list, it: int, tl: _Timeline)
     dev = _device()
     slots_dev = [x.to(dev) for x in slots]
     _sync()
-    kb = _kvstream(eng)
+    kb = kvstream_backend_of(eng)
     steps0 = len(kb.engine.steps) if kb is not None else 0
     tl.reset()
     t0 = time.perf_counter()
@@ -296,11 +297,11 @@ def run(p: Phase) -> dict:
 
     s = p.shape
     rec: dict = {"kind": p.kind, "config": p.config, "ok": False, "dry_run": DRY,
-                 "torch_threads": torch.get_num_threads(), "cuda_ops": _cuda_ops()}
+                 "torch_threads": torch.get_num_threads(), "cuda_ops": cuda_ops()}
     tokens, blocks_s, blocks_r = _workload(s)
-    eng, conn = _build(p)
+    eng, conn = build_engine(p.config, p.lmcache, s, p.work)
     try:
-        kb = _kvstream(eng)
+        kb = kvstream_backend_of(eng)
         if kb is not None:
             kb.engine.wait_warm(120)
         if p.kind in ("store", "same"):
@@ -314,7 +315,7 @@ def run(p: Phase) -> dict:
             if kb is not None:
                 rec["flushed"] = kb.engine.flush(600)
             else:
-                _wait_local_disk(eng, tokens)
+                wait_local_disk(eng, tokens)
             rec["store_s"] = round(time.perf_counter() - t, 3)
         if p.kind in ("retrieve", "same"):
             if p.kind == "same":
@@ -341,7 +342,7 @@ def run(p: Phase) -> dict:
     return rec
 
 
-def _cuda_ops() -> str:
+def cuda_ops() -> str:
     """"loaded" if LMCache's compiled CUDA kernels load here, else why not (LMCache then
     scatters with plain torch, which bounds every step and hides storage)."""
     try:
@@ -351,7 +352,7 @@ def _cuda_ops() -> str:
     return "loaded"
 
 
-def _wait_local_disk(eng: Any, tokens: list, timeout: float = 600) -> None:
+def wait_local_disk(eng: Any, tokens: list, timeout: float = 600) -> None:
     """LocalDiskBackend writes asynchronously: wait until it holds every chunk."""
     b = eng.storage_manager.storage_backends.get("LocalDiskBackend")
     if b is None:

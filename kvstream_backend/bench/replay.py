@@ -1,0 +1,340 @@
+"""``kvstream bench --gpu --trace NAME|FILE``: time to first token under a real trace, every
+configuration replaying the same plan (:mod:`kvstream_backend.sim.plan`) in a process of its
+own (:mod:`.replay_worker`), with kvsim's prediction beside each measurement.
+
+Configurations: ``kvstream`` (disk + /dev/shm), ``kvstream-disk`` and ``kvstream-shm`` (one tier
+each), ``static-best`` (a fixed split at the ratio of the two tiers' measured limits),
+``lmcache-disk`` (LocalDiskBackend, O_DIRECT), ``lmcache-cpu`` (LocalCPUBackend, stored in the
+same process: the ceiling) and ``nocache`` (every prompt prefilled). The page cache is dropped
+before each phase. kvsim (:func:`~kvstream_backend.sim.plan.predict`) gets the same plan and
+what this run measured: each tier's plain read limit, the host->GPU rate (``lmcache-cpu``'s
+retrieval) and each configuration's own prefill rate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from ..io import files
+from ..sim.cli import trace_path
+from ..sim.plan import Serving, TracePlan, plan, predict
+from ..sim.replay import load_trace
+from . import plain
+from .gpu_worker import DRY
+from .replay_worker import ModelShape, ReplaySpec
+
+GB = 1e9
+STORAGE_CONFIGS = ("kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk")
+
+
+class ConfigResult(msgspec.Struct):
+    name: str
+    ok: bool
+    error: str = ""
+    ttft_mean_s: float = 0.0
+    ttft_p50_s: float = 0.0
+    ttft_p90_s: float = 0.0
+    ttft_p99_s: float = 0.0
+    storage_share: float = 0.0  # of the summed TTFT, the time spent waiting for storage
+    retrieved_gb: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    predicted_p50_s: float | None = None
+    predicted_p90_s: float | None = None
+    p50_error: float | None = None  # predicted / measured - 1
+    cuda_ops: str = ""
+    store: dict[str, Any] = {}
+    requests: list[dict] = []
+    batches: list[dict] = []
+
+
+class ReplayReport(msgspec.Struct):
+    trace: str
+    segment_start: int
+    requests: int
+    time_scale: float
+    token_budget: int
+    model: ModelShape
+    dry_run: bool
+    limits_gbps: dict[str, float]
+    h2d_gbps: float
+    configs: list[ConfigResult]
+    targets: list[dict[str, Any]]
+    notes: list[str]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+class ReplayBench:
+    def __init__(self, args: Any, console: Any) -> None:
+        self.console = console
+        self.args = args
+        self.model = ModelShape() if not DRY else ModelShape(
+            layers=2, hidden=64, heads=2, kv_heads=2, head_dim=32, intermediate=128, vocab=512)
+        reqs = load_trace(trace_path(args.trace), "mooncake", 512)
+        self.plan: TracePlan = plan(args.trace, reqs, args.trace_requests, args.trace_scale,
+                                    args.token_budget)
+        self.work = os.path.join(args.workdir, "kvstream-replay")
+        self.disk = os.path.join(self.work, "tier-disk")
+        self.shm = os.path.join(args.gpu_shm, "kvstream-replay")
+        self.lmc = os.path.join(self.work, "lmcache-disk")
+        self.notes: list[str] = []
+        self.limits: dict[str, float] = {}
+
+    # ---- LMCache configurations ----------------------------------------------------------
+    def _stored_gb(self) -> float:
+        blocks = {b for p in self.plan.cached_blocks for b in p}
+        return len(blocks) * 512 * self.model.kv_bytes_per_token / (1 << 30)
+
+    def _base(self, local_cpu: bool = False) -> dict[str, Any]:
+        return {"chunk_size": 256, "local_cpu": local_cpu,
+                "max_local_cpu_size": round(self._stored_gb() * 1.2 + 2, 1),
+                "lmcache_instance_id": "kvstream-bench"}
+
+    def _kvstream(self, tiers: list[str], **opts: Any) -> dict[str, Any]:
+        cap = round(self._stored_gb() * 1.2 + 2, 1)
+        paths = {"disk": self.disk, "shm": self.shm}
+        cfg = self._base()
+        cfg["storage_plugins"] = ["kvstream"]
+        cfg["extra_config"] = {
+            "storage_plugin.kvstream.module_path": "kvstream_backend",
+            "storage_plugin.kvstream.class_name": "KVStreamBackend",
+            "kvstream.tiers": [{"name": t, "path": paths[t], "max_size_gb": cap} for t in tiers],
+            "kvstream.prefetch_max_gb": 32,
+            "kvstream.staging_budget_mb": 4096,
+            **{f"kvstream.{k}": v for k, v in opts.items()},
+        }
+        return cfg
+
+    def _localdisk(self) -> dict[str, Any]:
+        cfg = self._base()
+        cfg.update({"local_disk": f"file://{self.lmc}/",
+                    "max_local_disk_size": round(self._stored_gb() * 1.2 + 2, 1),
+                    "extra_config": {"use_odirect": True}})
+        return cfg
+
+    # ---- phases -------------------------------------------------------------------------
+    def _phase(self, name: str, lmcache: dict[str, Any], store: bool,
+               recompute: bool = False) -> ConfigResult:
+        spec = ReplaySpec(name, lmcache, self.plan, self.model, self.work, store, recompute)
+        path = os.path.join(self.work, f"spec-{name}.json")
+        with open(path, "wb") as f:
+            f.write(msgspec.json.encode(spec))
+        files.drop_caches()
+        self.console.print(f"  {name} ...", end="")
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "kvstream_backend.bench.replay_worker", path],
+                           capture_output=True, text=True, timeout=1800)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        rec = json.loads(lines[-1][7:]) if lines else {
+            "ok": False, "error": f"worker exited {r.returncode}: {r.stderr[-3000:]}"}
+        self.console.print(f" {time.perf_counter() - t:.1f} s"
+                           + ("" if rec.get("ok") else f" [red]{rec.get('error')}[/]"))
+        return self._result(name, rec)
+
+    def _result(self, name: str, rec: dict) -> ConfigResult:
+        if not rec.get("ok"):
+            return ConfigResult(name, False, rec.get("error", "?") + "\n"
+                                + rec.get("traceback", ""))
+        reqs, batches = rec["requests"], rec["batches"]
+        ttft = [r["ttft_s"] for r in reqs]
+        storage = sum(r["storage_s"] for r in reqs)
+        prefill_s = sum(b["prefill_s"] for b in batches)
+        return ConfigResult(
+            name, True, ttft_mean_s=statistics.fmean(ttft), ttft_p50_s=_pct(ttft, 50),
+            ttft_p90_s=_pct(ttft, 90), ttft_p99_s=_pct(ttft, 99),
+            storage_share=storage / sum(ttft),
+            retrieved_gb=sum(b["retrieved_bytes"] for b in batches) / GB,
+            prefill_tokens_per_s=sum(b["new_tokens"] for b in batches) / max(prefill_s, 1e-9),
+            cuda_ops=rec.get("cuda_ops", ""), store=rec.get("store", {}), requests=reqs,
+            batches=batches)
+
+    def _measure_limits(self, sample: int = 4 << 30) -> None:
+        """Each tier's read limit apart from the engine: a plain O_DIRECT reader over up to
+        ``sample`` bytes of kvstream's chunk files, the best of 1, 2, 4, ... threads."""
+        for name, root in (("disk", self.disk), ("shm", self.shm)):
+            paths, total = [], 0
+            for d, _, fs in os.walk(root):
+                for f in fs:
+                    if f.endswith(".kvs") and total < sample:
+                        paths.append(os.path.join(d, f))
+                        total += os.path.getsize(paths[-1])
+            if paths:
+                best, _ = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches)
+                self.limits[name] = best / GB
+
+    def run(self) -> ReplayReport:
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+        os.makedirs(self.disk)
+        os.makedirs(self.shm)
+        os.makedirs(self.lmc)
+        if not files.drop_caches():
+            self.notes.append("page cache NOT dropped between phases (needs root)")
+        p = self.plan
+        self.console.print(
+            f"trace {p.trace}: requests {p.start}..{p.start + len(p.requests) - 1} (the "
+            f"burstiest {len(p.requests)}), arrivals / {p.time_scale:g}, token budget "
+            f"{p.token_budget}, {self._stored_gb():.1f} GiB of cached prefixes")
+        results = [self._phase("kvstream", self._kvstream(["disk", "shm"]), store=True)]
+        self._measure_limits()
+        g = self.limits.get("disk", 1.0) / max(sum(self.limits.values()), 1e-9)
+        self.notes.append(f"static-best splits at g = {g:.3f} (disk's share, from the limits)")
+        phases = [("kvstream-disk", self._kvstream(["disk"]), False, False),
+                  ("kvstream-shm", self._kvstream(["shm"]), False, False),
+                  ("static-best", self._kvstream(["disk", "shm"], static_split=round(g, 3)),
+                   False, False),
+                  ("lmcache-disk", self._localdisk(), True, False),
+                  ("lmcache-cpu", self._base(local_cpu=True), True, False),
+                  ("nocache", {}, False, True)]
+        for name, cfg, store, recompute in phases:
+            self._checkpoint(results, g)
+            results.append(self._phase(name, cfg, store, recompute))
+        return self._report(results, g)
+
+    def _report(self, results: list[ConfigResult], g: float) -> ReplayReport:
+        p = self.plan
+        by = {r.name: r for r in results}
+        cpu = by.get("lmcache-cpu")
+        h2d = cpu.retrieved_gb / max(sum(b["storage_s"] for b in cpu.batches), 1e-9) \
+            if cpu is not None and cpu.ok else 0.0
+        self._predict(results, g, h2d)
+        return ReplayReport(p.trace, p.start, len(p.requests), p.time_scale, p.token_budget,
+                            self.model, DRY, self.limits, h2d, results,
+                            self._targets(by), self.notes)
+
+    def _checkpoint(self, results: list[ConfigResult], g: float) -> None:
+        """The report so far, to ``--json`` (a run cut short keeps what it measured)."""
+        if self.args.json:
+            with open(self.args.json, "wb") as f:
+                f.write(msgspec.json.format(msgspec.json.encode(self._report(results, g))))
+
+    def _predict(self, results: list[ConfigResult], g: float, h2d: float) -> None:
+        lim = self.limits
+        tiers = {"kvstream": (lim.get("disk", 0), lim.get("shm", 0)),
+                 "kvstream-disk": (lim.get("disk", 0),), "kvstream-shm": (lim.get("shm", 0),),
+                 "static-best": (lim.get("disk", 0), lim.get("shm", 0)),
+                 "lmcache-disk": (lim.get("disk", 0),), "lmcache-cpu": (), "nocache": ()}
+        for r in results:
+            if not r.ok or not h2d or not all(tiers[r.name]):
+                continue
+            s = Serving(r.name, tiers[r.name], h2d, r.prefill_tokens_per_s,
+                        self.model.kv_bytes_per_token,
+                        split=g if r.name == "static-best" else None,
+                        recompute=r.name == "nocache")
+            pred = predict(self.plan, s)
+            r.predicted_p50_s, r.predicted_p90_s = _pct(pred, 50), _pct(pred, 90)
+            r.p50_error = r.predicted_p50_s / r.ttft_p50_s - 1
+
+    def _targets(self, by: dict[str, ConfigResult]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        k, ld = by["kvstream"], by.get("lmcache-disk")
+        if k.ok and ld is not None and ld.ok:
+            for f in ("ttft_mean_s", "ttft_p50_s"):
+                v = getattr(k, f) / getattr(ld, f)
+                out.append({"name": f"kvstream {f} / lmcache-disk's", "value": round(v, 3),
+                            "goal": "<= 0.5", "met": v <= 0.5})
+        singles = [by[n] for n in ("kvstream-disk", "kvstream-shm") if n in by and by[n].ok]
+        if k.ok and singles:
+            best = min(x.ttft_p99_s for x in singles)
+            out.append({"name": "kvstream p99 / best single tier's p99",
+                        "value": round(k.ttft_p99_s / best, 3), "goal": "<= 1.0",
+                        "met": k.ttft_p99_s <= best})
+        for name in STORAGE_CONFIGS:
+            r = by.get(name)
+            if r is not None and r.p50_error is not None:
+                out.append({"name": f"kvsim p50 / measured, {name}",
+                            "value": round(1 + r.p50_error, 3), "goal": "within 10%",
+                            "met": abs(r.p50_error) <= 0.1})
+        return out
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def render(rep: ReplayReport, console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"TTFT under {rep.trace} ({rep.requests} requests from #{rep.segment_start}"
+                    f", arrivals / {rep.time_scale:g}, budget {rep.token_budget} tokens)"
+                    + (" [DRY RUN: not a measurement]" if rep.dry_run else ""))
+    t.add_column("config", no_wrap=True)
+    for c in ("mean s", "p50 s", "p90 s", "p99 s", "storage", "GB", "sim p50", "sim p90",
+              "p50 err"):
+        t.add_column(c)
+    for r in rep.configs:
+        if not r.ok:
+            t.add_row(r.name, f"[red]failed: {r.error.splitlines()[0][:60]}[/]")
+            continue
+        pr = (f"{r.predicted_p50_s:.3f}", f"{r.predicted_p90_s:.3f}", f"{r.p50_error:+.0%}") \
+            if r.predicted_p50_s is not None and r.predicted_p90_s is not None \
+            and r.p50_error is not None else ("", "", "")
+        t.add_row(r.name, f"{r.ttft_mean_s:.3f}", f"{r.ttft_p50_s:.3f}", f"{r.ttft_p90_s:.3f}",
+                  f"{r.ttft_p99_s:.3f}", f"{r.storage_share:.0%}", f"{r.retrieved_gb:.1f}", *pr)
+    console.print(t)
+    console.print("limits (plain O_DIRECT reader): "
+                  + ", ".join(f"{k} {v:.2f} GB/s" for k, v in rep.limits_gbps.items())
+                  + f"; host->GPU {rep.h2d_gbps:.1f} GB/s (lmcache-cpu's retrieval)")
+    console.print("prefill: a stand-in (transformers LlamaModel, random weights, one request "
+                  "at a time), not vLLM's")
+    for tg in rep.targets:
+        console.print(f"  {tg['name']}: {tg['value']} ({tg['goal']}: "
+                      f"{'met' if tg['met'] else 'NOT met'})")
+    for n in rep.notes:
+        console.print(f"  note: {n}")
+
+
+def plot(rep: ReplayReport, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for r in rep.configs:
+        if not r.ok:
+            continue
+        xs = sorted(q["ttft_s"] for q in r.requests)
+        a.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r.name)
+        b.plot([q["arrival_s"] for q in r.requests], [q["ttft_s"] for q in r.requests], ".-",
+               label=r.name, markersize=3, linewidth=0.8)
+    a.set(xlabel="TTFT (s)", ylabel="fraction of requests", title="TTFT CDF")
+    b.set(xlabel="arrival (s, scaled trace time)", ylabel="TTFT (s)", title="TTFT over time")
+    a.legend(fontsize=8)
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run_replay(args: Any, console: Any) -> int:
+    if not DRY:
+        import torch
+
+        if not torch.cuda.is_available():
+            console.print("[red]error:[/] kvstream bench --gpu --trace needs a CUDA GPU")
+            return 2
+    bench = ReplayBench(args, console)
+    try:
+        rep = bench.run()
+    finally:
+        if not args.keep:
+            bench.cleanup()
+    render(rep, console)
+    if args.json:
+        with open(args.json, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(rep)))
+    if args.plot:
+        plot(rep, args.plot)
+    return 0 if all(r.ok for r in rep.configs) else 1

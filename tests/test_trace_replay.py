@@ -1,0 +1,98 @@
+"""The trace replay (``kvstream bench --gpu --trace``): its plan and kvsim's model of it are pure
+and checked by hand here; its orchestration (stores, every configuration in a fresh process,
+FCFS batches on the wall clock, per-request checksums of the retrieved KV, kvsim beside it, JSON)
+runs end to end on this CPU machine with ``KVSTREAM_GPU_DRY=1`` (a torch reference copy for
+LMCache's CUDA connector and a tiny stand-in model: what cannot run without a GPU). The GPU
+measurement is in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvstream_backend.sim.plan import (
+    PlannedRequest,
+    Serving,
+    TracePlan,
+    burstiest,
+    leading_hits,
+    next_batch,
+    plan,
+    predict,
+)
+from kvstream_backend.sim.replay import Request
+
+
+def test_burstiest_window_and_leading_hits():
+    assert burstiest([0, 10, 11, 12, 30], 3) == 1
+    reqs = [Request(0, 1024, (1, 2)), Request(1, 1536, (1, 2, 3)), Request(2, 1024, (1, 9)),
+            Request(3, 1024, (7, 2))]
+    assert leading_hits(reqs) == [0, 2, 1, 0]  # a hit is a leading run: (7, 2) misses at 7
+    p = plan("t", reqs, 2, 2.0, 4096)
+    assert [r.index for r in p.requests] == [0, 1] and p.requests[1].arrival_s == 0.5
+    assert p.requests[1].hit_tokens == 1024 and p.requests[1].new_tokens == 512
+
+
+def test_cached_prefixes_are_stored_once():
+    rs = [PlannedRequest(0, 0, (1, 2, 3), 3, 1536), PlannedRequest(1, 0, (1, 2), 2, 1024),
+          PlannedRequest(2, 0, (1, 5), 1, 1024), PlannedRequest(3, 0, (4,), 0, 512)]
+    assert TracePlan("t", 0, 1, 4096, rs).cached_blocks == [(1, 2, 3)]  # (1,) is inside it
+
+
+def test_fcfs_batches_fill_the_token_budget_and_always_take_one():
+    rs = [PlannedRequest(i, 0, (i,), 0, n) for i, n in enumerate([3000, 3000, 5000, 9000])]
+    assert next_batch(rs, 8192) == 2
+    assert next_batch(rs[3:], 8192) == 1  # longer than the budget: alone
+    assert next_batch(rs, 20000) == 4
+
+
+def test_kvsim_predicts_a_two_batch_queue_by_hand():
+    kvb = 1000  # bytes per token
+    rs = [PlannedRequest(0, 0.0, (1, 2), 2, 2048), PlannedRequest(1, 0.0, (1, 2), 2, 2048)]
+    p = TracePlan("t", 0, 1, 1024, rs)  # each request prefills 1024 tokens: one per batch
+    s = Serving("one-tier", (1e-6,), 2e-6, 1024.0, kvb)  # 1 kB/s storage, 2 kB/s host->GPU
+    # batch 1: 1,024 tokens * 1 kB = 1,024 kB: 1,024 s storage + 512 s copy + 1 s prefill
+    first = 1024 + 512 + 1
+    assert predict(p, s) == pytest.approx([first, 2 * first])
+    nocache = Serving("nocache", (), 2e-6, 1024.0, kvb, recompute=True)
+    assert predict(p, nocache) == pytest.approx([2.0, 4.0])
+
+
+CLI = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main; "
+       "sys.exit(main(sys.argv[1:]))", "bench", "--gpu"]
+
+
+def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
+    out = tmp_path / "replay.json"
+    shm = f"/dev/shm/kvs-replay-test-{os.getpid()}"
+    os.makedirs(shm)
+    try:
+        r = subprocess.run(CLI + ["--trace", "conversation", "--trace-requests", "3",
+                                  "--workdir", str(tmp_path), "--gpu-shm", shm,
+                                  "--json", str(out), "--plot", str(tmp_path / "r.png")],
+                           capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
+    finally:
+        subprocess.run(["rm", "-rf", shm], check=False)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "DRY RUN" in r.stdout
+    rep = json.loads(out.read_text())
+    assert rep["dry_run"] is True
+    names = [c["name"] for c in rep["configs"]]
+    assert names == ["kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk",
+                     "lmcache-cpu", "nocache"]
+    for c in rep["configs"]:
+        assert c["ok"], (c["name"], c["error"])
+        assert len(c["requests"]) == 3
+        hits = sum(q["hit_tokens"] for q in c["requests"])
+        got = sum(q["retrieved_tokens"] for q in c["requests"])
+        assert got == (0 if c["name"] == "nocache" else hits), c["name"]
+        if c["name"] not in ("lmcache-cpu", "nocache"):
+            assert c["predicted_p50_s"] is not None, c["name"]
+    assert hits > 0  # the segment has cached prefixes: retrieval (and its checksums) happened
+    assert set(rep["limits_gbps"]) == {"disk", "shm"} and rep["h2d_gbps"] > 0
+    assert (tmp_path / "r.png").stat().st_size > 0
