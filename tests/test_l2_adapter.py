@@ -235,7 +235,10 @@ def test_a_locked_chunk_is_never_evicted(tier_dirs, adapters):
     first = [key(i) for i in range(4)]
     assert d.store(first, kv)
     assert d.lookup(first[:1]) == [0]  # lock chunk 0
-    assert d.store([key(50 + i) for i in range(8)], kv) in (True, False)  # forces evictions
+    # 8 chunks into room for 5 besides the lock, to force evictions. Whether the task succeeds
+    # depends on how many copies hold reservations at once (a chunk that found no room on any
+    # tier fails it), which this test does not pin: only the lock's survival is asserted.
+    d.store([key(50 + i) for i in range(8)], kv)
     assert d.lookup(first) == [0], "only the locked chunk survives the evictions"
     a.submit_unlock(first[:1])
     a.submit_unlock(first[:1])
