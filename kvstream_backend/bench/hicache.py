@@ -15,6 +15,7 @@ alternate within each round, and the median of the rounds is reported.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import statistics
@@ -25,6 +26,8 @@ from typing import Any
 
 import msgspec
 import torch
+
+from . import plain
 
 
 class Row(msgspec.Struct):
@@ -47,6 +50,7 @@ class Report(msgspec.Struct):
     second_fs: str
     rows: list[Row]
     targets: dict[str, str]
+    limits_gbps: dict[str, float]  # each tier apart from any backend: plain O_DIRECT reads
 
 
 def _fs_type(path: str) -> str:
@@ -175,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
                                         want[i].view(torch.uint8)) for i in range(0, n, 17)):
                     print(f"{name}: {n} of {args.pages} pages, or wrong bytes", file=sys.stderr)
                     return 1
+        limits = {}
+        for name, root in (("disk", disk + "/a"), ("second", second + "/b")):
+            paths = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                     if f.endswith(".kvs")]
+            best, _ = plain.best_read(paths, os.cpu_count() or 1,
+                                      functools.partial(_drop_caches, root))
+            limits[name] = best / 1e9
         rows = []
         for name, (_, roots) in configs.items():
             med = statistics.median(times[name])
@@ -190,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             "kvstream-2tiers >= 1.5x HiCacheFile": _verdict(ratio["kvstream-2tiers"], 1.5),
         }
         report = Report(args.layout, page_bytes, args.pages, args.rounds,
-                        _fs_type(args.workdir), _fs_type(args.second), rows, targets)
+                        _fs_type(args.workdir), _fs_type(args.second), rows, targets,
+                        {k: round(v, 3) for k, v in limits.items()})
         _print(report)
         if args.json:
             with open(args.json, "wb") as f:
@@ -222,6 +234,9 @@ def _print(report: Report) -> None:
                   f"{r.ratio_vs_file:.2f}")
     console = Console()
     console.print(t)
+    console.print("  each tier's limit (a plain O_DIRECT reader of kvstream's files, best of "
+                  "1..cores threads): " + ", ".join(f"{k} {v:.2f} GB/s"
+                                                     for k, v in report.limits_gbps.items()))
     for k, v in report.targets.items():
         console.print(f"  {k}: {v}")
 
