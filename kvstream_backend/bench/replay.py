@@ -112,7 +112,9 @@ class ReplayBench:
             "storage_plugin.kvstream.class_name": "KVStreamBackend",
             "kvstream.tiers": [{"name": t, "path": paths[t], "max_size_gb": cap} for t in tiers],
             "kvstream.prefetch_max_gb": 32,
-            "kvstream.staging_budget_mb": 4096,
+            # the store pass writes every prefix at once: stage it all, so that nothing is
+            # shed or dropped and every tier holds every chunk before the replay
+            "kvstream.staging_budget_mb": int(self._stored_gb() * 1.1 * 1024) + 256,
             **{f"kvstream.{k}": v for k, v in opts.items()},
         }
         return cfg

@@ -177,7 +177,16 @@ def _store(eng: Any, spec: ReplaySpec, pool: _Pool) -> dict[str, Any]:
     if kb is None:
         wait_local_disk(eng, [torch.cat([_block_tokens(b, m.vocab) for b in p])
                               for p in spec.plan.cached_blocks])
-    return {"store_s": round(time.perf_counter() - t, 2), "stored_bytes": nbytes,
+    store_s = time.perf_counter() - t
+    missing = 0  # every stored prefix must be found whole, or the replay's hits would be short
+    for prefix in spec.plan.cached_blocks:
+        tokens = torch.cat([_block_tokens(b, m.vocab) for b in prefix])
+        missing += len(tokens) - eng.lookup(tokens=tokens, lookup_id=f"check-{prefix[0]}",
+                                            pin=False)
+    if missing:
+        raise RuntimeError(f"store: {missing} of the cached prefixes' tokens are not found "
+                           "after the store")
+    return {"store_s": round(store_s, 2), "stored_bytes": nbytes,
             "prefixes": len(spec.plan.cached_blocks), "flushed": flushed}
 
 
