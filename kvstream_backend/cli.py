@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.table import Table
 
 from .argtypes import floats
 from .config import ConfigError, parse_config
+from .tables import table
 
 err = Console(stderr=True)
 
@@ -64,9 +64,8 @@ def check_config(path: str) -> int:
     from .io.probe import probe
     from .tier import Tier
 
-    table = Table(title=f"kvstream tiers ({path})")
-    for col in ("tier", "path", "capacity GB", "free GB", "io", "O_DIRECT", "emulated"):
-        table.add_column(col)
+    tiers = table(f"kvstream tiers ({path})", "tier", "capacity GB", "free GB", "io",
+                  "O_DIRECT", "emulated")
     problems = []
     for i, t in enumerate(kcfg.tiers):
         key = f"kvstream.tiers[{i}].path"
@@ -90,11 +89,13 @@ def check_config(path: str) -> int:
         if t.capacity_bytes > free:
             problems.append(f"kvstream.tiers[{i}].max_size_gb ({t.max_size_gb:g}) exceeds the "
                             f"free space of {existing} ({free / 2**30:.1f} GB)")
-        table.add_row(t.name, t.path, f"{t.max_size_gb:g}", f"{free / 2**30:.1f}", kind,
-                      direct, "yes" if t.emulate else "no")
+        tiers.add_row(t.name, f"{t.max_size_gb:g}", f"{free / 2**30:.1f}", kind, direct,
+                      "yes" if t.emulate else "no")
     problems += _memory_problems(kcfg, float(cfg.max_local_cpu_size or 0))
     out = Console()
-    out.print(table)
+    out.print(tiers)
+    for t in kcfg.tiers:
+        out.print(f"  {t.name}: {t.path}")
     for p in problems:
         err.print(f"[yellow]warning:[/] {p}")
     out.print(f"[green]OK[/]: {path} selects kvstream as storage plugin {selected[0]!r}")

@@ -24,6 +24,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -261,7 +262,6 @@ class Soak:
 def main(minutes: float, seed: int, chunk_kb: int, json_out: str | None, workdir: str) -> int:
     from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
 
     console = Console()
     root = tempfile.mkdtemp(prefix="kvstream-soak-", dir=workdir)
@@ -272,9 +272,19 @@ def main(minutes: float, seed: int, chunk_kb: int, json_out: str | None, workdir
             rep = soak.run(minutes * 60, lambda s: prog.update(task, completed=s))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    t = Table(title=f"kvstream soak: {rep.seconds:.0f} s, seed {seed}")
-    t.add_column("count")
-    t.add_column("value", justify="right")
+    render(rep, seed, console)
+    if json_out:
+        with open(json_out, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(rep)))
+    ok = rep.lost == 0 and rep.wrong_bytes == 0 and rep.leaked_buffers == 0
+    console.print("[green]PASS[/]: nothing lost, no wrong bytes" if ok else "[red]FAIL[/]")
+    return 0 if ok else 1
+
+
+def render(rep: SoakReport, seed: int, console: Any) -> None:
+    from .tables import table
+
+    t = table(f"kvstream soak: {rep.seconds:.0f} s, seed {seed}", "count", "value")
     for k, v in rep.operations.items():
         t.add_row(f"operations: {k}", str(v))
     for k in FAULTS:
@@ -287,9 +297,3 @@ def main(minutes: float, seed: int, chunk_kb: int, json_out: str | None, workdir
         t.add_row(k, str(v))
     t.add_row("quarantined", str(sum(rep.quarantined.values())))
     console.print(t)
-    if json_out:
-        with open(json_out, "wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(rep)))
-    ok = rep.lost == 0 and rep.wrong_bytes == 0 and rep.leaked_buffers == 0
-    console.print("[green]PASS[/]: nothing lost, no wrong bytes" if ok else "[red]FAIL[/]")
-    return 0 if ok else 1

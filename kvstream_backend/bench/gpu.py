@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from ..io import files
+from ..tables import table
 from . import plain
 from .gpu_worker import DRY, Phase, Shape
 
@@ -301,13 +302,9 @@ def save(rep: GpuReport, path: str) -> None:
 
 
 def render(rep: GpuReport, console: Any) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"GPU step: {rep.step_bytes / (1 << 30):.2f} GiB, medians over "
-              f"{rep.rounds} rounds")
-    for col in ("configuration", "step s", "GB/s", "storage read s", "host->GPU s",
-                "identical", "errors"):
-        t.add_column(col, justify="left" if col == "configuration" else "right", no_wrap=True)
+    t = table(f"GPU step: {rep.step_bytes / (1 << 30):.2f} GiB, medians over {rep.rounds} "
+              "rounds", "configuration", "step s", "GB/s", "storage read s", "host->GPU s",
+              "identical", "errors")
     for c in rep.configs:
         gbps = rep.step_bytes / _med(c.step_s) / GB if c.step_s else float("nan")
         t.add_row(c.name, f"{_med(c.step_s):.3f}", f"{gbps:.2f}",

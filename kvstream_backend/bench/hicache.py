@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import torch
 
+from ..tables import table
 from . import plain
 
 
@@ -203,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         report = Report(args.layout, page_bytes, args.pages, args.rounds,
                         _fs_type(args.workdir), _fs_type(args.second), rows, targets,
                         {k: round(v, 3) for k, v in limits.items()})
-        _print(report)
+        from rich.console import Console
+
+        render(report, Console())
         if args.json:
             with open(args.json, "wb") as f:
                 f.write(msgspec.json.format(msgspec.json.encode(report)))
@@ -220,20 +223,15 @@ def _verdict(ratio: float, target: float) -> str:
     return f"{ratio:.2f}x: {'met' if ratio >= target else 'NOT met'}"
 
 
-def _print(report: Report) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"HiCache storage read, {report.pages} pages of "
-                    f"{report.page_bytes >> 20} MiB ({report.layout}), page cache dropped, "
-                    f"median of {report.rounds}")
-    for c in ("config", "tiers (file systems)", "pages/s", "GB/s", "x HiCacheFile"):
-        t.add_column(c)
+def render(report: Report, console: Any) -> None:
+    t = table(f"HiCache storage read, {report.pages} pages of {report.page_bytes >> 20} MiB "
+              f"({report.layout}), page cache dropped, median of {report.rounds}", "config",
+              "pages/s", "GB/s", "x HiCacheFile")
     for r in report.rows:
-        t.add_row(r.config, r.tiers, f"{r.pages_per_s:.0f}", f"{r.gb_per_s:.2f}",
-                  f"{r.ratio_vs_file:.2f}")
-    console = Console()
+        t.add_row(r.config, f"{r.pages_per_s:.0f}", f"{r.gb_per_s:.2f}", f"{r.ratio_vs_file:.2f}")
     console.print(t)
+    for r in report.rows:
+        console.print(f"  {r.config}: {r.tiers}")
     console.print("  each tier's limit (a plain O_DIRECT reader of kvstream's files, best of "
                   "1..cores threads): " + ", ".join(f"{k} {v:.2f} GB/s"
                                                      for k, v in report.limits_gbps.items()))

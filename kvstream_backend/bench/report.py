@@ -6,7 +6,8 @@ import statistics
 
 import msgspec
 from rich.console import Console
-from rich.table import Table
+
+from ..tables import table
 
 GB = 1e9
 
@@ -75,34 +76,33 @@ class BenchReport(msgspec.Struct):
 def render(rep: BenchReport, console: Console) -> None:
     by = {c.name: c for c in rep.configs}
     base = by.get("lmcache-disk")
-    t = Table(title="kvstream bench: median step time (first lookup -> last get)")
-    for col in ("config", "step s", "GB/s", "per-tier GB (GB/s)", "gap to bound",
-                "vs lmcache-disk", "CPU s proc/machine"):
-        t.add_column(col, justify="right" if col != "config" else "left")
+    t = table("kvstream bench: median step time (first lookup -> last get)", "config",
+              "step s", "GB/s", "vs bound", "vs disk", "CPU s", "host CPU s")
     for c in rep.configs:
-        tiers = ", ".join(f"{x.name} {x.bytes / GB:.2f} ({x.gbps:.2f})" for x in c.tiers) or "-"
         gap = f"{c.median_s / rep.bound_s - 1:+.1%}" if rep.bound_s else "-"
         speed = f"{base.median_s / c.median_s:.2f}x" if base else "-"
-        cpu = (f"{statistics.median(c.cpu_s):.2f}/{statistics.median(c.machine_cpu_s):.2f}"
-               if c.cpu_s else "-")
-        t.add_row(c.name, f"{c.median_s:.3f}", f"{c.gbps:.2f}", tiers, gap, speed, cpu)
+        cpu = (f"{statistics.median(c.cpu_s):.2f}", f"{statistics.median(c.machine_cpu_s):.2f}") \
+            if c.cpu_s else ("-", "-")
+        t.add_row(c.name, f"{c.median_s:.3f}", f"{c.gbps:.2f}", gap, speed, *cpu)
     console.print(t)
-    console.print(f"bound D/sum(b_k), b_k = the limit-* rows (measured apart from the engine): "
-                  f"{rep.bound_s:.3f} s per step")
+    console.print(f"vs bound: step / D/sum(b_k) - 1, b_k = the limit-* rows (measured apart from "
+                  f"the engine), {rep.bound_s:.3f} s per step; vs disk: lmcache-disk's step / "
+                  "this one's; CPU s: this process's, host: the machine's, per step")
+    for c in rep.configs:
+        if c.tiers:
+            console.print(f"  {c.name}: " + ", ".join(
+                f"{x.name} {x.bytes / GB:.2f} GB at {x.gbps:.2f} GB/s" for x in c.tiers))
     if rep.writes:
-        w = Table(title=f"writes: {rep.write_bytes / GB:.2f} GB per round, rounds interleaved")
-        for col in ("writer", "median s", "GB/s", "per round s"):
-            w.add_column(col, justify="right" if col != "writer" else "left")
+        w = table(f"writes: {rep.write_bytes / GB:.2f} GB per round, rounds interleaved",
+                  "writer", "median s", "GB/s", "per round s")
         for row in rep.writes:
             w.add_row(row.name, f"{row.median_s:.2f}", f"{rep.write_bytes / row.median_s / GB:.2f}",
                       " ".join(f"{x:.2f}" for x in row.seconds))
         console.print(w)
-    tt = Table(title="targets (measured in this run; not asserted)")
-    for col in ("target", "measured", "goal", "met"):
-        tt.add_column(col)
+    console.print("targets (measured in this run; not asserted):")
     for x in rep.targets:
-        tt.add_row(x.name, f"{x.value:.3f}", x.goal, "[green]yes[/]" if x.met else "[red]no[/]")
-    console.print(tt)
+        mark = "[green]met[/]" if x.met else "[red]NOT met[/]"
+        console.print(f"  {mark}  {x.name}: {x.value:.3f} (goal {x.goal})")
     for n in rep.notes:
         console.print(f"[dim]note:[/] {n}")
 

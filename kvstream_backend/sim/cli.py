@@ -47,7 +47,6 @@ def add_sim_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import msgspec
     from rich.console import Console
-    from rich.table import Table
 
     from .replay import SimParams
     from .replay import run as replay
@@ -68,23 +67,31 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         err.print(f"[red]error:[/] {e}")
         return 2
-    con = Console(width=max(132, Console().width))
-    t = Table(title=f"kvstream sim: {rep.requests} requests from {args.trace}")
-    for col in ("host GB", "demand sim GB", "demand Eq.2 GB", "policy", "retrieval s",
-                "gap", "TTFT mean", "p50", "p90", "req/s"):
-        t.add_column(col)
-    for m in rep.memory:
-        for i, pol in enumerate(m.policies):
-            t.add_row(*(
-                [f"{m.host_mem_gb:g}", f"{m.simulated_demand_bytes / 1e9:.1f}",
-                 f"{m.predicted_demand_bytes / 1e9:.1f}"] if i == 0 else ["", "", ""]),
-                pol.name, f"{pol.retrieval_s_total:.1f}", f"{pol.gap_to_bound_mean:+.1%}",
-                f"{pol.ttft_mean_s:.2f}", f"{pol.ttft_p50_s:.2f}", f"{pol.ttft_p90_s:.2f}",
-                f"{pol.throughput_req_s:.2f}")
-    con.print(t)
-    if rep.demand_correlation is not None:
-        con.print(f"correlation of simulated and Eq. 2 demand: {rep.demand_correlation:.4f}")
+    con = Console()
+    render(rep, args.trace, con)
     if args.json:
         with open(args.json, "wb") as f:
             f.write(msgspec.json.format(msgspec.json.encode(rep)))
     return 0
+
+
+def render(rep: Any, trace: str, console: Any) -> None:
+    """``rep``: a :class:`~kvstream_backend.sim.replay.SimReport`."""
+    from ..tables import table
+
+    t = table(f"kvstream sim: {rep.requests} requests from {trace}", "host GB: policy",
+              "sim GB", "Eq.2 GB", "retr s", "gap", "mean", "p50", "p90", "req/s")
+    for m in rep.memory:
+        for i, pol in enumerate(m.policies):
+            demand = [f"{m.simulated_demand_bytes / 1e9:.1f}",
+                      f"{m.predicted_demand_bytes / 1e9:.1f}"] if i == 0 else ["", ""]
+            t.add_row(f"{m.host_mem_gb:g}: {pol.name}", *demand, f"{pol.retrieval_s_total:.1f}",
+                      f"{pol.gap_to_bound_mean:+.0%}", f"{pol.ttft_mean_s:.2f}",
+                      f"{pol.ttft_p50_s:.2f}", f"{pol.ttft_p90_s:.2f}",
+                      f"{pol.throughput_req_s:.2f}")
+    console.print(t)
+    console.print("sim GB: the demand on storage simulated; Eq.2 GB: the paper's prediction; "
+                  "retr s: retrieval time in all; gap: to the aggregate-bandwidth bound; mean, "
+                  "p50, p90: TTFT in seconds")
+    if rep.demand_correlation is not None:
+        console.print(f"correlation of simulated and Eq. 2 demand: {rep.demand_correlation:.4f}")
