@@ -93,6 +93,13 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
         assert got == (0 if c["name"] == "nocache" else hits), c["name"]
         if c["name"] not in ("lmcache-cpu", "nocache"):
             assert c["predicted_p50_s"] is not None, c["name"]
+            # kvsim also fed the rates this run read at (the single tiers', net of host->GPU)
+            assert c["predicted_run_p50_s"] is not None, c["name"]
+        if c["name"] in ("kvstream-disk", "kvstream-shm", "lmcache-disk"):
+            assert c["run_gbps"] > 0, c["name"]
+    # the tiers are filled by a process of its own, so no replayed configuration stores
+    assert not rep["configs"][0]["store"]
+    assert any(n.startswith("kvstream's tiers filled in") for n in rep["notes"])
     assert hits > 0  # the segment has cached prefixes: retrieval (and its checksums) happened
     assert set(rep["limits_gbps"]) == {"disk", "shm"} and rep["h2d_gbps"] > 0
     assert (tmp_path / "r.png").stat().st_size > 0
