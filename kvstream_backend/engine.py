@@ -7,6 +7,16 @@ none of that state needs a lock; it never touches a file system. Each tier has i
 thread (:mod:`kvstream_backend.tier_worker`) that does that tier's opens, submissions, closes,
 publishing and verification, so no tier's slowness stalls another's reads.
 
+Who owns what crosses threads (nothing else does, and nothing relies on the GIL):
+
+* ``_cmds`` (callers append, counted in ``_posted`` under ``_posted_lock``; the loop drains)
+  and ``_completed`` (tier workers append, the loop drains): deques, thread-safe by contract.
+* ``_settled``: written by the loop after each turn, read by waiters, both under ``_idle``.
+* The lookup table (:class:`~kvstream_backend.lookups.Lookups`), the writer's set of chunks
+  being written and the read pool's count of chunks being read: each under its own lock,
+  asked by callers and by tier workers making room (``_evictable``).
+* Tier indexes and health: :class:`~kvstream_backend.tier.Tier` (its own lock).
+
 Call protocol (keys are the adapters' key strings; an *owner* names a lookup, see
 :mod:`kvstream_backend.lookups`):
 
@@ -35,6 +45,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -60,6 +71,14 @@ log = logging.getLogger("kvstream")
 
 Command = Callable[[float], None]
 IO_DRAIN_S = 120.0  # how long close waits for reads and writes already issued
+
+
+class _Settled(NamedTuple):
+    """The loop's view after a turn, published for waiters on other threads."""
+
+    taken: int  # commands posted before the turn began (all of them run in it)
+    reads_idle: bool  # no read outstanding
+    repairs_idle: bool  # no repair queued or running
 
 
 class Engine:
@@ -93,7 +112,13 @@ class Engine:
                                self._writer.served)
         self._idle = threading.Condition()
         self._stopping = False
-        self._reads_quiet = True  # written by the loop: no read outstanding or admitted
+        # Commands posted (any thread; counted with the append, under _posted_lock) against
+        # the loop's view after its last turn (written under _idle): how many it had taken,
+        # and whether reads and repairs were idle then. Waiters compare the two; no caller
+        # thread writes the loop's state.
+        self._posted_lock = threading.Lock()
+        self._posted = 0
+        self._settled = _Settled(0, True, True)
         self._thread = threading.Thread(target=self._loop, name="kvstream-io", daemon=True)
         self._thread.start()
         self._warmer: threading.Thread | None = None
@@ -184,7 +209,6 @@ class Engine:
     def _admit(self, requests: Sequence[ReadRequest], demanded: bool) -> list[ReadHandle]:
         handles = [ReadHandle(r, demanded, self._discarded) for r in requests]
         if handles:
-            self._reads_quiet = False
             self._post(lambda now: self._reads.admit(handles, now))
         return handles
 
@@ -192,11 +216,9 @@ class Engine:
         """A get now waits for these lookup-time reads: their pool is the step served."""
         hs = list(handles)
         if hs:
-            self._reads_quiet = False
             self._post(lambda now: self._reads.demand(hs, now))
 
     def _discarded(self, h: ReadHandle) -> None:
-        self._reads_quiet = False
         self._post(lambda now: self._reads.cancel(h, now))
 
     def write(
@@ -258,14 +280,23 @@ class Engine:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every staged write and queued repair is finished; False on timeout."""
-        return self._wait(self._writer.quiet, timeout)
+        return self._wait(lambda: not self._writer.writing_any() and self._settled.repairs_idle,
+                          timeout)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no write and no read (hedge losers included) is outstanding."""
-        return self._wait(lambda: self._writer.quiet() and self._reads_quiet, timeout)
+        def idle() -> bool:
+            with self._posted_lock:
+                posted = self._posted
+            s = self._settled
+            return (s.taken == posted and s.reads_idle and s.repairs_idle
+                    and not self._writer.writing_any())
+
+        return self._wait(idle, timeout)
 
     def _wait(self, pred: Callable[[], bool], timeout: float | None) -> bool:
-        """Wait for ``pred`` (state the loop changes). The loop is woken once, to run a turn;
+        """Wait for ``pred`` (evaluated under ``_idle``, where the loop publishes ``_settled``).
+        The loop is woken once, to run a turn;
         each turn notifies ``_idle``. Waking it again on every notification would make the
         two threads ping-pong on the GIL for the whole wait (it doubled the CPU of a flush)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -354,7 +385,9 @@ class Engine:
     # ------------------------------------------------------------------------------------
     # the completion loop (thread kvstream-io)
     def _post(self, cmd: Command) -> None:
-        self._cmds.append(cmd)
+        with self._posted_lock:
+            self._posted += 1
+            self._cmds.append(cmd)
         self._waker.wake()
 
     def _deliver(self, job: Job) -> None:
@@ -363,8 +396,9 @@ class Engine:
         self._waker.wake()
 
     def _evictable(self, digest: bytes) -> bool:
-        """Called by tier workers while they make room (dict reads are atomic)."""
-        return self._reads.reading.get(digest, 0) <= 0 and not self._lookups.pinned(digest)
+        """Called by tier workers while they make room: neither being read nor pinned (both
+        asked under their owners' locks)."""
+        return not self._reads.being_read(digest) and not self._lookups.pinned(digest)
 
     def _loop(self) -> None:
         poller = select.poll()
@@ -393,6 +427,8 @@ class Engine:
 
     def _iterate(self) -> None:
         now = self._clock()
+        with self._posted_lock:
+            taken = self._posted  # every command counted here is in _cmds: drained below
         while self._cmds:
             self._cmds.popleft()(now)
         while self._completed:
@@ -412,8 +448,9 @@ class Engine:
         if self._steps.open and router.step_done():
             self._steps.close(now)
         self._reprobe(now)
-        self._reads_quiet = not router.busy() and not self._cmds
+        settled = _Settled(taken, not router.busy(), self._writer.repairs_idle())
         with self._idle:
+            self._settled = settled
             self._idle.notify_all()
 
     # ---- health -------------------------------------------------------------------------

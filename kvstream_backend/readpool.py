@@ -1,7 +1,9 @@
 """The read state machine: handles -> router ids -> claims -> tier jobs -> verified delivery.
 
-Runs on the completion loop only (no locks). It owns the router, the unresolved handles and the
-buffers of reads in flight; the tier workers do the file-system calls and the verification.
+Runs on the completion loop. It owns the router, the unresolved handles and the buffers of
+reads in flight; the tier workers do the file-system calls and the verification. One thing is
+asked from other threads: whether a chunk is being read (:meth:`ReadPool.being_read`, by tier
+workers making room); that count is kept under its own lock. Everything else is the loop's.
 
 Buffer rules (see :mod:`kvstream_backend.handles`): a read job owns the buffer it reads into
 until it comes back. A job whose chunk was already resolved (a hedge lost, the handle was
@@ -20,6 +22,7 @@ from __future__ import annotations
 import collections
 import errno
 import os
+import threading
 from collections.abc import Callable, Iterable
 
 from .accounting import StepMeter
@@ -61,11 +64,19 @@ class ReadPool:
         self._held_bytes = 0
         self._prefetch_max = int(cfg.prefetch_max_gb * (1 << 30))
         self._alloc_retry_at = 0.0
-        self.reading: dict[bytes, int] = {}  # digest -> unresolved handles (never evicted)
+        # digest -> unresolved handles (never evicted): written by the loop, read by tier
+        # workers, under _reading_lock
+        self._reading: dict[bytes, int] = {}
+        self._reading_lock = threading.Lock()
         self.chunks_read = 0
         self.misses: collections.Counter[str] = collections.Counter()
         self.prefetch_hits = 0  # demanded chunks whose prefetch had already landed
         self.prefetch_dropped = 0  # prefetches given up (released, expired, cancelled)
+
+    def being_read(self, digest: bytes) -> bool:
+        """Whether a read of ``digest`` is unresolved (any thread)."""
+        with self._reading_lock:
+            return digest in self._reading
 
     # ---- commands from the engine's API -------------------------------------------------
     def admit(self, handles: Iterable[ReadHandle], now: float) -> None:
@@ -75,7 +86,8 @@ class ReadPool:
             rid = self.router.add(holders, h.info.payload_len, lookup=not h.demanded)
             h.rid = rid
             self._handles[rid] = h
-            self.reading[d] = self.reading.get(d, 0) + 1
+            with self._reading_lock:
+                self._reading[d] = self._reading.get(d, 0) + 1
             if h.demanded:
                 self._steps.opened(now)
                 self._steps.joined()
@@ -204,11 +216,12 @@ class ReadPool:
     def _resolve(self, rid: int, buf: object, reason: str, now: float) -> None:
         h = self._handles.pop(rid)
         d = h.info.digest
-        left = self.reading[d] - 1
-        if left:
-            self.reading[d] = left
-        else:
-            del self.reading[d]
+        with self._reading_lock:
+            left = self._reading[d] - 1
+            if left:
+                self._reading[d] = left
+            else:
+                del self._reading[d]
         if buf is None:
             self._unhold(rid)
             self._undemanded.pop(rid, None)

@@ -101,15 +101,16 @@ class Writer:
         with self._lock:
             return digest in self._writing
 
-    def quiet(self) -> bool:
-        """No staged chunk unfinished and no repair queued or running (any thread: the repair
-        state is the loop's, read here without a lock, which at worst waits one more turn)."""
+    def writing_any(self) -> bool:
+        """Whether any staged chunk is unfinished (any thread)."""
         with self._lock:
-            if self._writing:
-                return False
-        return not self._repairs and not any(self._repairing)
+            return bool(self._writing)
 
     # ---- the completion loop ------------------------------------------------------------
+    def repairs_idle(self) -> bool:
+        """No repair queued or running (the loop's state: the engine publishes it each turn)."""
+        return not self._repairs and not any(self._repairing)
+
     def enqueue(self, chunk: StagedChunk) -> None:
         self._staged.append(chunk)
 
