@@ -13,6 +13,7 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 import shutil  # noqa: E402
+import sys  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
@@ -21,6 +22,11 @@ import pytest  # noqa: E402
 from kvstream_backend.config import parse_config  # noqa: E402
 from kvstream_backend.engine import Engine  # noqa: E402
 from kvstream_backend.io.probe import binding_usable  # noqa: E402
+
+# `tox -e races`: the interpreter switches threads every microsecond instead of every 5 ms,
+# so a field that two threads touch without its owner's lock shows up as a failure.
+if os.environ.get("KVSTREAM_SWITCH_INTERVAL"):
+    sys.setswitchinterval(float(os.environ["KVSTREAM_SWITCH_INTERVAL"]))
 
 URING_OK, URING_WHY = binding_usable()
 # The liburing wheel is built with AVX-512 and dies with SIGILL on CPUs without it (the probe
