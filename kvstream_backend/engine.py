@@ -9,9 +9,8 @@ publishing and verification, so no tier's slowness stalls another's reads.
 
 Who owns what crosses threads (nothing else does, and nothing relies on the GIL):
 
-* ``_cmds`` (callers append, counted in ``_posted`` under ``_posted_lock``; the loop drains)
-  and ``_completed`` (tier workers append, the loop drains): deques, thread-safe by contract.
-* ``_settled``: written by the loop after each turn, read by waiters, both under ``_idle``.
+* Commands and finished jobs into the loop, and what each turn leaves for waiters:
+  :class:`~kvstream_backend.loop.CompletionLoop` (its docstring says how).
 * The lookup table (:class:`~kvstream_backend.lookups.Lookups`), the writer's set of chunks
   being written and the read pool's count of chunks being read: each under its own lock,
   asked by callers and by tier workers making room (``_evictable``).
@@ -38,14 +37,11 @@ Call protocol (keys are the adapters' key strings; an *owner* names a lookup, se
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import os
-import select
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 
@@ -54,14 +50,14 @@ from .accounting import StepMeter
 from .config import KVStreamConfig
 from .handles import Alloc, Buffer, ChunkInfo, ReadHandle, ReadRequest, payload_view
 from .io.memory import SlabPool
-from .io.ops import Waker
-from .io.probe import IoPath, QueueFactory, make_queue
+from .io.probe import QueueFactory, make_queue
 from .io.threads import Workers
 from .lookups import Lookups, Owner
+from .loop import CompletionLoop, Settled
 from .readpool import ReadPool
-from .stats import EngineStats, StepReport, TierInfo
+from .stats import EngineStats, StepReport
 from .tier import Tier
-from .tier_runtime import TierRuntime, open_tier, probe_again
+from .tier_runtime import Health, TierRuntime, open_tier, tier_infos
 from .tier_worker import Job, ReadJob, WriteJob
 from .writer import Writer
 
@@ -69,16 +65,7 @@ __all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "ReadRequest"
 
 log = logging.getLogger("kvstream")
 
-Command = Callable[[float], None]
 IO_DRAIN_S = 120.0  # how long close waits for reads and writes already issued
-
-
-class _Settled(NamedTuple):
-    """The loop's view after a turn, published for waiters on other threads."""
-
-    taken: int  # commands posted before the turn began (all of them run in it)
-    reads_idle: bool  # no read outstanding
-    repairs_idle: bool  # no repair queued or running
 
 
 class Engine:
@@ -86,41 +73,33 @@ class Engine:
                  queue_factory: QueueFactory = make_queue) -> None:
         self.cfg = cfg
         self._clock = clock
-        self._waker = Waker()
-        self._cmds: collections.deque[Command] = collections.deque()
-        self._completed: collections.deque[Job] = collections.deque()
         self._lookups = Lookups()
         self._expired = 0  # lookup-time reads released because their time-to-live passed
         self._tiers: list[TierRuntime] = []
         self._verify = Workers(cfg.verify_workers, "kvstream-verify")
         try:
             for i, tc in enumerate(cfg.tiers):
-                self._tiers.append(open_tier(i, tc, cfg, queue_factory, self._deliver,
+                self._tiers.append(open_tier(i, tc, cfg, queue_factory, self._job_done,
                                              self._evictable, self._verify))
         except BaseException:
             for rt in self._tiers:
                 if rt.worker is not None:
                     rt.worker.close()
             self._verify.shutdown()
-            self._waker.close()
             raise
         self._slab = SlabPool()
         self._steps = StepMeter([rt.meter for rt in self._tiers])
         self.steps: collections.deque[StepReport] = self._steps.reports
-        self._writer = Writer(cfg, self._tiers, self._slab, self._steps, self._tier_down)
-        self._reads = ReadPool(cfg, self._tiers, self._slab, self._steps, self._tier_down,
+        self._health = Health(self._tiers, cfg, clock, self._post,
+                              on_down=lambda ti, now: self._reads.drop_tier(ti, now),
+                              on_up=self._warm_if_asked)
+        self._writer = Writer(cfg, self._tiers, self._slab, self._steps, self._health.down)
+        self._reads = ReadPool(cfg, self._tiers, self._slab, self._steps, self._health.down,
                                self._writer.served)
-        self._idle = threading.Condition()
         self._stopping = False
-        # Commands posted (any thread; counted with the append, under _posted_lock) against
-        # the loop's view after its last turn (written under _idle): how many it had taken,
-        # and whether reads and repairs were idle then. Waiters compare the two; no caller
-        # thread writes the loop's state.
-        self._posted_lock = threading.Lock()
-        self._posted = 0
-        self._settled = _Settled(0, True, True)
-        self._thread = threading.Thread(target=self._loop, name="kvstream-io", daemon=True)
-        self._thread.start()
+        self._loop: CompletionLoop[Job] = CompletionLoop(self._turn, clock, self._next_wake_ms,
+                                                         self._busy)
+        self._loop.start()
         self._warmer: threading.Thread | None = None
         if cfg.warm_headers:
             self._warm()
@@ -280,35 +259,17 @@ class Engine:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every staged write and queued repair is finished; False on timeout."""
-        return self._wait(lambda: not self._writer.writing_any() and self._settled.repairs_idle,
-                          timeout)
+        return self._loop.wait(
+            lambda st, _: st.repairs_idle and not self._writer.writing_any(), timeout)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no write and no read (hedge losers included) is outstanding."""
-        def idle() -> bool:
-            with self._posted_lock:
-                posted = self._posted
-            s = self._settled
-            return (s.taken == posted and s.reads_idle and s.repairs_idle
+
+        def idle(st: Settled, caught_up: bool) -> bool:
+            return (caught_up and st.reads_idle and st.repairs_idle
                     and not self._writer.writing_any())
 
-        return self._wait(idle, timeout)
-
-    def _wait(self, pred: Callable[[], bool], timeout: float | None) -> bool:
-        """Wait for ``pred`` (evaluated under ``_idle``, where the loop publishes ``_settled``).
-        The loop is woken once, to run a turn;
-        each turn notifies ``_idle``. Waking it again on every notification would make the
-        two threads ping-pong on the GIL for the whole wait (it doubled the CPU of a flush)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._waker.wake()
-        with self._idle:
-            while True:
-                if pred():
-                    return True
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(0.05 if left is None else min(left, 0.05))
+        return self._loop.wait(idle, timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Drain staged writes for up to ``timeout`` (default ``close_timeout_s``), drop the
@@ -317,19 +278,18 @@ class Engine:
         When it returns, no I/O touches a caller's buffer any more: a chunk is either
         published whole or not at all (a later miss). Idempotent.
         """
-        if not self._thread.is_alive():
+        if not self._loop.alive:
             return
         timeout = self.cfg.close_timeout_s if timeout is None else timeout
         for h in self._lookups.clear():  # nobody will take them: their buffers come back
             h.discard()
         if not self.flush(timeout):
             log.warning("kvstream: closing with staged writes left after %.0f s", timeout)
-        with self._writer._lock:
-            self._writer.stopping = True
-        self._stopping = True
+        self._writer.stop()
+        self._stopping = self._health.stopping = True
         self._post(lambda now: self._drop_staged())
-        self._thread.join(IO_DRAIN_S)
-        if self._thread.is_alive():
+        self._loop.stop()
+        if not self._loop.join(IO_DRAIN_S):
             log.error("kvstream: I/O still in flight %.0f s after close; a tier is hung",
                       IO_DRAIN_S)
             return
@@ -337,7 +297,6 @@ class Engine:
             if rt.worker is not None:
                 rt.worker.close(IO_DRAIN_S)
         self._verify.shutdown()
-        self._waker.close()
         if self.cfg.stats_file:
             self._write_stats(self.cfg.stats_file)
 
@@ -359,80 +318,45 @@ class Engine:
                         "recomputes them)", n)
 
     def stats(self) -> EngineStats:
-        tiers = []
-        now = self._clock()
-        held = [set(rt.tier.digests()) for rt in self._tiers]
-        for i, rt in enumerate(self._tiers):
-            t, m = rt.tier, rt.meter
-            others = set().union(*(h for j, h in enumerate(held) if j != i))
-            tiers.append(TierInfo(
-                t.name, t.root, rt.path.kind, rt.path.direct, rt.path.reason, t.up,
-                t.down_reason, len(t), t.used, t.capacity, t.cfg.emulate is not None,
-                m.bytes, m.write_bytes, dict(t.counters.quarantined), t.counters.evicted,
-                t.counters.capacity_skips, dict(m.error_kinds), rt.path.inline_issue,
-                m.snapshot(now).busy_s, m.repaired,
-                len(held[i] & others) / len(others) if others else 1.0,
-            ))
         r, w = self._reads, self._writer
         return EngineStats(
-            tiers, self._steps.closed, r.chunks_read, dict(r.misses), w.staged_total,
-            w.published, w.failed, w.overlap_bytes,
+            tier_infos(self._tiers, self._clock()), self._steps.closed, r.chunks_read,
+            dict(r.misses), w.staged_total, w.published, w.failed, w.overlap_bytes,
             sum(rt.meter.hedged_bytes for rt in self._tiers),
             r.prefetch_hits, r.prefetch_dropped, self._expired, r.held_bytes, w.dropped,
             w.shed, w.held_bytes,
         )
 
     # ------------------------------------------------------------------------------------
-    # the completion loop (thread kvstream-io)
-    def _post(self, cmd: Command) -> None:
-        with self._posted_lock:
-            self._posted += 1
-            self._cmds.append(cmd)
-        self._waker.wake()
+    # the completion loop's turn (thread kvstream-io; see :mod:`kvstream_backend.loop`)
+    def _post(self, cmd: Callable[[float], None]) -> None:
+        self._loop.post(cmd)
 
-    def _deliver(self, job: Job) -> None:
+    def _job_done(self, job: Job) -> None:
         """Called by tier workers: hand a finished job to the loop."""
-        self._completed.append(job)
-        self._waker.wake()
+        self._loop.deliver(job)
 
     def _evictable(self, digest: bytes) -> bool:
         """Called by tier workers while they make room: neither being read nor pinned (both
         asked under their owners' locks)."""
         return not self._reads.being_read(digest) and not self._lookups.pinned(digest)
 
-    def _loop(self) -> None:
-        poller = select.poll()
-        poller.register(self._waker.fd, select.POLLIN)
-        while True:
-            try:
-                self._iterate()
-            except Exception:  # noqa: BLE001 - the loop must survive anything a tier throws
-                log.exception("kvstream: unexpected error in the completion loop")
-            if self._stopping and not self._cmds and not self._busy():
-                break
-            timeout_ms = -1
-            nxt = self._lookups.next_deadline()
-            if nxt is not None:
-                timeout_ms = max(0, int((nxt - self._clock()) * 1000) + 1)
-            if any(not rt.tier.up for rt in self._tiers) or self._writer.busy:
-                timeout_ms = 1000 if timeout_ms < 0 else min(timeout_ms, 1000)
-            if not self._cmds and not self._completed:
-                poller.poll(timeout_ms)
-            self._waker.clear()
-        with self._idle:
-            self._idle.notify_all()
+    def _next_wake_ms(self) -> int:
+        """How long the loop may sleep: until the next lookup expires, and at most a second
+        while a tier is down (its re-probe) or writes are outstanding."""
+        timeout_ms = -1
+        nxt = self._lookups.next_deadline()
+        if nxt is not None:
+            timeout_ms = max(0, int((nxt - self._clock()) * 1000) + 1)
+        if not self._health.all_up() or self._writer.busy:
+            timeout_ms = 1000 if timeout_ms < 0 else min(timeout_ms, 1000)
+        return timeout_ms
 
     def _busy(self) -> bool:
-        return self._writer.busy or self._reads.router.busy() or bool(self._completed)
+        return self._writer.busy or self._reads.router.busy()
 
-    def _iterate(self) -> None:
-        now = self._clock()
-        with self._posted_lock:
-            taken = self._posted  # every command counted here is in _cmds: drained below
-        while self._cmds:
-            self._cmds.popleft()(now)
-        while self._completed:
-            job = self._completed.popleft()
+    def _turn(self, now: float, jobs: Iterator[Job]) -> tuple[bool, bool]:
+        for job in jobs:
             if isinstance(job, ReadJob):
                 self._reads.finished(job, now)
             elif isinstance(job, WriteJob):
@@ -447,45 +371,9 @@ class Engine:
         self._writer.pump(reads_busy=router.busy())
         if self._steps.open and router.step_done():
             self._steps.close(now)
-        self._reprobe(now)
-        settled = _Settled(taken, not router.busy(), self._writer.repairs_idle())
-        with self._idle:
-            self._settled = settled
-            self._idle.notify_all()
+        self._health.reprobe(now)
+        return not router.busy(), self._writer.repairs_idle()
 
-    # ---- health -------------------------------------------------------------------------
-    def _tier_down(self, ti: int, reason: str) -> None:
-        rt = self._tiers[ti]
-        if not rt.tier.up:
-            return
-        log.error("kvstream: tier %s marked DOWN (%s); serving from the other tiers",
-                  rt.tier.name, reason)
-        rt.tier.mark_down(reason)
-        now = self._clock()
-        rt.next_probe = now + self.cfg.reprobe_interval_s
-        self._reads.drop_tier(ti, now)
-
-    def _reprobe(self, now: float) -> None:
-        for rt in self._tiers:
-            if rt.tier.up or rt.probing or now < rt.next_probe:
-                continue
-            rt.probing = True
-            probe_again(rt, self.cfg, functools.partial(self._probe_done, rt))
-
-    def _probe_done(self, rt: TierRuntime, path: IoPath | None) -> None:
-        """Called on the probe's thread: hand the outcome to the loop."""
-        self._post(lambda now: self._probed(rt, path, now))
-
-    def _probed(self, rt: TierRuntime, path: IoPath | None, now: float) -> None:
-        rt.probing = False
-        if path is None or self._stopping:
-            rt.next_probe = now + self.cfg.reprobe_interval_s
-            return
-        if rt.worker is None:
-            log.warning("kvstream tier %s: root appeared; io=%s direct=%s", rt.tier.name,
-                        path.kind, path.direct)
-            rt.start(path)
-        rt.tier.mark_up()
-        log.warning("kvstream: tier %s is healthy again; re-admitted", rt.tier.name)
+    def _warm_if_asked(self) -> None:
         if self.cfg.warm_headers:
             self._warm()

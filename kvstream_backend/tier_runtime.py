@@ -8,6 +8,7 @@ still holds the layout; never the empty mount point of a dead mount) and it is r
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import threading
@@ -18,6 +19,7 @@ from .config import KVStreamConfig, TierConfig
 from .io.ops import IoQueue, Waker
 from .io.probe import IoPath, QueueFactory, probe
 from .io.threads import Workers
+from .stats import TierInfo
 from .tier import Tier
 from .tier_worker import Job, TierWorker
 
@@ -123,3 +125,77 @@ def probe_again(rt: TierRuntime, cfg: KVStreamConfig,
         done(path)
 
     threading.Thread(target=run, daemon=True, name=f"kvstream-probe-{rt.tier.name}").start()
+
+
+class Health:
+    """Marks tiers down and re-admits them: runs on the completion loop. A down tier is probed
+    every ``reprobe_interval_s`` on a thread of its own (:func:`probe_again`), whose outcome
+    comes back through ``post``. ``on_down(index, now)`` fails over its reads; ``on_up()`` runs
+    when a tier is re-admitted."""
+
+    def __init__(self, tiers: list[TierRuntime], cfg: KVStreamConfig, clock: Callable[[], float],
+                 post: Callable[[Callable[[float], None]], None],
+                 on_down: Callable[[int, float], None], on_up: Callable[[], None]) -> None:
+        self._tiers = tiers
+        self._cfg = cfg
+        self._clock = clock
+        self._post = post
+        self._on_down = on_down
+        self._on_up = on_up
+        self.stopping = False  # set by the engine's close: a late probe re-admits nothing
+
+    def all_up(self) -> bool:
+        return all(rt.tier.up for rt in self._tiers)
+
+    def down(self, ti: int, reason: str) -> None:
+        rt = self._tiers[ti]
+        if not rt.tier.up:
+            return
+        log.error("kvstream: tier %s marked DOWN (%s); serving from the other tiers",
+                  rt.tier.name, reason)
+        rt.tier.mark_down(reason)
+        now = self._clock()
+        rt.next_probe = now + self._cfg.reprobe_interval_s
+        self._on_down(ti, now)
+
+    def reprobe(self, now: float) -> None:
+        for rt in self._tiers:
+            if rt.tier.up or rt.probing or now < rt.next_probe:
+                continue
+            rt.probing = True
+            probe_again(rt, self._cfg, functools.partial(self._probe_done, rt))
+
+    def _probe_done(self, rt: TierRuntime, path: IoPath | None) -> None:
+        """Called on the probe's thread: hand the outcome to the loop."""
+        self._post(lambda now: self._probed(rt, path, now))
+
+    def _probed(self, rt: TierRuntime, path: IoPath | None, now: float) -> None:
+        rt.probing = False
+        if path is None or self.stopping:
+            rt.next_probe = now + self._cfg.reprobe_interval_s
+            return
+        if rt.worker is None:
+            log.warning("kvstream tier %s: root appeared; io=%s direct=%s", rt.tier.name,
+                        path.kind, path.direct)
+            rt.start(path)
+        rt.tier.mark_up()
+        log.warning("kvstream: tier %s is healthy again; re-admitted", rt.tier.name)
+        self._on_up()
+
+
+def tier_infos(tiers: list[TierRuntime], now: float) -> list[TierInfo]:
+    """Each tier's state and counters, for :meth:`Engine.stats`."""
+    out = []
+    held = [set(rt.tier.digests()) for rt in tiers]
+    for i, rt in enumerate(tiers):
+        t, m = rt.tier, rt.meter
+        others = set().union(*(h for j, h in enumerate(held) if j != i))
+        out.append(TierInfo(
+            t.name, t.root, rt.path.kind, rt.path.direct, rt.path.reason, t.up,
+            t.down_reason, len(t), t.used, t.capacity, t.cfg.emulate is not None,
+            m.bytes, m.write_bytes, dict(t.counters.quarantined), t.counters.evicted,
+            t.counters.capacity_skips, dict(m.error_kinds), rt.path.inline_issue,
+            m.snapshot(now).busy_s, m.repaired,
+            len(held[i] & others) / len(others) if others else 1.0,
+        ))
+    return out

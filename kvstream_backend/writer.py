@@ -97,6 +97,11 @@ class Writer:
             self.staged_total += 1
         return StagedChunk(key, digest, buf, payload_len, meta, on_published, on_done)
 
+    def stop(self) -> None:
+        """Stage nothing more (any thread; close)."""
+        with self._lock:
+            self.stopping = True
+
     def writing(self, digest: bytes) -> bool:
         with self._lock:
             return digest in self._writing

@@ -451,7 +451,9 @@ def test_staging_memory_is_bounded_shedding_lagging_copies_first(tier_dirs, make
     assert _eventually(lambda: e.stats().staged_bytes <= 2 << 20, timeout=1)
     assert e.flush(60)
     st = e.stats()
-    assert st.writes_dropped > 0 and st.replicas_shed > 0
+    # the lagging tier's copies are shed first; whole chunks are dropped only if the fast
+    # tier too falls behind (how many depends on its speed, so no count is asserted)
+    assert st.replicas_shed > 0
     assert st.writes_published + st.writes_dropped == n and st.writes_failed == 0
     kept = [k for k in keys if e.tiers[0].has(fmt.key_digest(k))]
     assert len(kept) == st.writes_published
