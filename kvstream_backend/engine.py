@@ -52,13 +52,13 @@ from .handles import Alloc, Buffer, ChunkInfo, ReadHandle, ReadRequest, payload_
 from .io.memory import SlabPool
 from .io.probe import QueueFactory, make_queue
 from .io.threads import Workers
+from .jobs import Job, ReadJob, WriteJob
 from .lookups import Lookups, Owner
 from .loop import CompletionLoop, Settled
 from .readpool import ReadPool
 from .stats import EngineStats, StepReport
 from .tier import Tier
 from .tier_runtime import Health, TierRuntime, open_tier, tier_infos
-from .tier_worker import Job, ReadJob, WriteJob
 from .writer import Writer
 
 __all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "ReadRequest", "payload_view"]

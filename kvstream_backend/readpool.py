@@ -30,9 +30,9 @@ from .config import KVStreamConfig
 from .handles import ReadHandle
 from .io import files
 from .io.memory import SlabPool
+from .jobs import ReadJob
 from .routing import ClaimRouter, StaticSplitRouter
 from .tier_runtime import TierRuntime
-from .tier_worker import ReadJob
 
 ALLOC_RETRY_S = 0.02
 NOT_THE_TIER = frozenset({errno.EAGAIN, errno.EFAULT})

@@ -19,9 +19,10 @@ from .config import KVStreamConfig, TierConfig
 from .io.ops import IoQueue, Waker
 from .io.probe import IoPath, QueueFactory, probe
 from .io.threads import Workers
+from .jobs import Job
 from .stats import TierInfo
 from .tier import Tier
-from .tier_worker import Job, TierWorker
+from .tier_worker import TierWorker
 
 log = logging.getLogger("kvstream")
 

@@ -20,111 +20,36 @@ Protocol: the engine's completion loop is the only caller of :meth:`TierWorker.r
 once through the ``deliver`` callback given at construction (called on this thread; it must
 only hand off), with ``errno``/``reason``/``moved`` set. :meth:`close` finishes what was queued
 and stops the threads. Emulated bandwidth (``emulate``) is applied here, by holding a finished
-job back until the emulated device would have finished it.
+job back until the emulated device would have finished it. The file steps themselves are plain
+functions (:mod:`kvstream_backend.copies`); this module decides where and when each runs.
 
-O_DIRECT needs page-aligned memory. A caller's buffer that is not (an L1 pool configured with
-``--l1-align-bytes`` below 4096, a MemoryObj without padding) goes through a page-aligned
-bounce buffer: a copy, never an ``EINVAL`` that would mark the tier down.
+Ownership: ``_inbox`` (the loop appends) and ``_filed`` (file and verify threads append) are
+deques, thread-safe by contract; a job belongs to one thread at a time; everything else here is
+this tier thread's.
 """
 
 from __future__ import annotations
 
 import collections
-import ctypes
 import errno
 import heapq
 import logging
-import os
 import select
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from . import format as fmt
+from . import copies
 from .config import KVStreamConfig
 from .emulate import Throttle, tier_throttle
-from .handles import Buffer, ReadHandle, Segment, payload_views, segments
 from .io import files
-from .io.memory import AlignedBuffer
 from .io.ops import IoOp, IoQueue, Waker
 from .io.threads import Workers
+from .jobs import Job, ReadJob, RepairJob, WriteJob
 from .tier import Tier
 
 log = logging.getLogger("kvstream")
-
-
-class ReadJob:
-    """One read of one chunk copy from one tier (a primary read or a hedge)."""
-
-    __slots__ = ("tier", "rid", "handle", "buf", "primary", "hdr", "errno", "reason", "moved",
-                 "t_start", "bounce")
-
-    def __init__(self, tier: int, rid: int, handle: ReadHandle, buf: Buffer, primary: bool,
-                 hdr: tuple[int, memoryview], t_start: float) -> None:
-        self.tier = tier
-        self.rid = rid
-        self.handle = handle
-        self.buf = buf
-        self.primary = primary  # ``buf`` is the handle's own buffer (else a hedge's)
-        self.hdr = hdr  # a header slot owned by the loop's slab pool
-        self.errno = 0
-        self.reason = ""  # a corruption tag ("bad-payload-checksum", ...) if the copy is bad
-        self.moved = 0
-        self.t_start = t_start
-        self.bounce: AlignedBuffer | None = None  # read here, then copied into ``buf``
-
-    @property
-    def ok(self) -> bool:
-        return not self.errno and not self.reason
-
-
-class WriteJob:
-    """One tier's copy of one staged chunk: reserve, write a temp file, publish it."""
-
-    __slots__ = ("tier", "chunk", "digest", "hdr_addr", "segs", "size", "header",
-                 "errno", "reason", "moved", "published", "bounce")
-
-    def __init__(self, tier: int, chunk: object, digest: bytes, hdr_addr: int,
-                 segs: list[Segment], header: fmt.Header) -> None:
-        self.tier = tier
-        self.chunk = chunk  # the writer's per-chunk record
-        self.digest = digest
-        self.hdr_addr = hdr_addr
-        self.segs = segs  # the payload's memory (padded when the buffer allows)
-        self.size = fmt.file_size(header.payload_len)
-        self.header = header
-        self.errno = 0
-        self.reason = ""  # "capacity" when the tier could not make room
-        self.moved = 0
-        self.published = False  # this call published the file (False: another writer won)
-        self.bounce: AlignedBuffer | None = None  # an aligned copy of the payload, if needed
-
-    @property
-    def ok(self) -> bool:
-        return not self.errno and not self.reason
-
-
-class RepairJob:
-    """Copy a published chunk file from another tier to this one (re-replication)."""
-
-    __slots__ = ("tier", "digest", "src_path", "errno", "reason", "moved")
-
-    def __init__(self, tier: int, digest: bytes, src_path: str) -> None:
-        self.tier = tier
-        self.digest = digest
-        self.src_path = src_path
-        self.errno = 0
-        self.reason = ""  # "capacity", or "source-gone" when the source copy vanished
-        self.moved = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.errno and not self.reason
-
-
-Job = ReadJob | WriteJob | RepairJob
-COPY_BLOCK = 8 << 20
 
 
 class TierWorker:
@@ -245,23 +170,13 @@ class TierWorker:
 
     # reads
     def _start_read(self, job: ReadJob) -> None:
-        info = job.handle.info
-        plen = info.payload_len
         try:
-            fd = files.open_read(self.tier.chunk_path(info.digest), self.direct)
+            fd = files.open_read(self.tier.chunk_path(job.handle.info.digest), self.direct)
         except OSError as e:
             self._read_failed(job, e.errno or errno.EIO)
             self._read_done(job)
             return
-        segs = segments(job.buf, plen)
-        if self.direct:
-            need = fmt.padded(plen)
-            if len(segs) == 1 and job.buf.capacity >= need:
-                segs = [(segs[0][0], need)]  # the padding lands in the buffer's slack
-            if not _aligned(segs):
-                job.bounce = AlignedBuffer(need)
-                segs = [(job.bounce.addr, need)]
-        self._submit(IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), *segs], 0, False, job))
+        self._submit(copies.read_op(job, fd, self.direct))
 
     def _reaped(self, op: IoOp, throttle: Throttle | None) -> None:
         if not op.write:  # a copy's file is closed with its publication (file threads)
@@ -291,26 +206,10 @@ class TierWorker:
             self._verify.submit(self._check, job)
 
     def _check(self, job: ReadJob) -> None:
-        """Verify thread: validate the header and the payload checksum, copy a bounce buffer
-        into place; the tier thread then quarantines a bad copy and delivers the job."""
-        info = job.handle.info
+        """Verify thread: check the copy read (a bounce buffer is copied into place); the tier
+        thread then quarantines a bad copy and delivers the job."""
         try:
-            if job.moved < fmt.HEADER_SIZE + info.payload_len:
-                raise fmt.CorruptChunk("truncated", f"{job.moved} bytes")
-            header = fmt.decode_header(job.hdr[1], info.digest, self._cfg.max_chunk_bytes)
-            if header.payload_len != info.payload_len:
-                raise fmt.CorruptChunk("length-mismatch")
-            plen = info.payload_len
-            src = job.bounce if job.bounce is not None else job.buf
-            if self._cfg.verify_checksums:
-                fmt.verify_payload(header, payload_views(src, plen))
-            if job.bounce is not None:
-                at = job.bounce.addr
-                for addr, n in segments(job.buf, plen):
-                    ctypes.memmove(addr, at, n)
-                    at += n
-        except fmt.CorruptChunk as e:
-            job.reason = e.reason
+            copies.check_read(job, self._cfg.max_chunk_bytes, self._cfg.verify_checksums)
         except Exception:  # noqa: BLE001 - the job must come back, or close() waits for it
             log.exception("kvstream: tier %s: verifying a read failed", self.tier.name)
             job.errno = errno.EAGAIN  # not the tier's fault: another copy is tried
@@ -352,7 +251,8 @@ class TierWorker:
         """File thread: the copy's temp file, and its aligned bounce copy if one is needed.
         Whatever happens, the job comes back (an unexpected error as ``EIO``)."""
         try:
-            self._filed_back(self._submit, self._open_temp(job))
+            self._filed_back(self._submit, copies.open_copy(job, self.tier, self._cfg.file_mode,
+                                                            self.direct))
         except OSError as e:
             job.errno = e.errno or errno.EIO
             self._filed_back(self._open_failed, job)
@@ -365,25 +265,6 @@ class TierWorker:
         self.tier.unreserve(job.size)
         self._done(job)
 
-    def _open_temp(self, job: WriteJob) -> IoOp:
-        """The copy's write op; on failure no temp file or descriptor is left behind."""
-        fd, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, self.direct)
-        segs = job.segs
-        try:
-            if self.direct and not _aligned(segs):
-                job.bounce = AlignedBuffer(job.header.payload_len)  # zero-filled past the end
-                at, left = job.bounce.addr, job.header.payload_len
-                for addr, n in segs:  # the payload only: a buffer's slack is not copied
-                    n = min(n, left)
-                    ctypes.memmove(at, addr, n)
-                    at, left = at + n, left - n
-                segs = [(job.bounce.addr, job.bounce.capacity)]
-        except BaseException:
-            files.close(fd, drop_pages=False)
-            files.unlink_quiet(tmp)
-            raise
-        return IoOp(fd, [(job.hdr_addr, fmt.HEADER_SIZE), *segs], 0, True, (job, tmp))
-
     def _finish_write(self, op: IoOp) -> None:
         job, _ = op.ctx
         if job.bounce is not None:
@@ -395,7 +276,7 @@ class TierWorker:
         """File thread: close the temp file and, if all of it was written, publish it.
         Whatever happens, the op comes back (an unexpected error as ``EIO``)."""
         try:
-            self._seal_file(op)
+            copies.seal_copy(op, self.tier, self.direct)
         except Exception:  # noqa: BLE001 - the job must come back, or close() waits for it
             log.exception("kvstream: tier %s: publishing a copy failed", self.tier.name)
             job, tmp = op.ctx
@@ -406,20 +287,6 @@ class TierWorker:
             files.unlink_quiet(tmp)
         self._filed_back(self._sealed, op)
 
-    def _seal_file(self, op: IoOp) -> None:
-        job, tmp = op.ctx
-        err = files.close(op.fd, drop_pages=not self.direct)
-        op.fd = -1
-        if op.result == op.length and not err:
-            try:
-                job.published = files.publish(tmp, self.tier.ensure_parent(job.digest))
-                job.moved = op.result
-            except OSError as e:
-                job.errno = e.errno or errno.EIO
-        else:
-            files.unlink_quiet(tmp)
-            job.errno = err or (-op.result if op.result < 0 else errno.ENOSPC)
-
     def _sealed(self, op: IoOp) -> None:
         job, _ = op.ctx
         if job.ok:
@@ -429,42 +296,7 @@ class TierWorker:
             self.tier.unreserve(job.size)
         self._done(job)
 
-    # re-replication
+    # re-replication (blocking: repairs run only while no read is outstanding, one at a time
+    # per tier)
     def _repair(self, job: RepairJob) -> None:
-        """Copy the source tier's file into a temp file here and publish it (blocking: repairs
-        run only while no read is outstanding, one at a time per tier)."""
-        try:
-            src = files.open_read(job.src_path, direct=False)
-        except OSError as e:
-            job.reason = "source-gone" if e.errno in files.FILE_LEVEL_ERRNOS else ""
-            job.errno = 0 if job.reason else (e.errno or errno.EIO)
-            return
-        tmp = ""
-        try:
-            size = os.fstat(src).st_size
-            if not self.tier.reserve(size, self._evictable):
-                job.reason = "capacity"
-                return
-            try:
-                dst, tmp = files.create_temp(self.tier.tmp_dir, self._cfg.file_mode, False)
-                try:
-                    job.moved = files.copy(src, dst, size, COPY_BLOCK)
-                finally:
-                    close_err = files.close(dst, drop_pages=True)
-                if close_err or job.moved != size:
-                    raise OSError(close_err or errno.EIO, f"copied {job.moved} of {size} bytes")
-                files.publish(tmp, self.tier.ensure_parent(job.digest))
-                tmp = ""
-                self.tier.commit(job.digest, size, None)
-            except OSError as e:
-                job.errno = e.errno or errno.EIO
-                self.tier.unreserve(size)
-        finally:
-            files.close(src, drop_pages=True)
-            if tmp:
-                files.unlink_quiet(tmp)
-
-
-def _aligned(segs: list[Segment]) -> bool:
-    """True if O_DIRECT can move ``segs`` as they are (every address and length aligned)."""
-    return all(not (addr % fmt.ALIGN or n % fmt.ALIGN) for addr, n in segs)
+        copies.repair_copy(job, self.tier, self._cfg.file_mode, self._evictable)
