@@ -62,7 +62,7 @@ def check_config(path: str) -> int:
     except ConfigError as e:
         return _fail(f"{path}: {e}")
     from .io.probe import probe
-    from .tier import Tier
+    from .tiers.tier import Tier
 
     tiers = table(f"kvstream tiers ({path})", "tier", "capacity GB", "free GB", "io",
                   "O_DIRECT", "emulated")
@@ -124,7 +124,7 @@ def _nearest_existing(path: str) -> str:
 
 # ---- model ----------------------------------------------------------------------------------
 def model_cmd(split: float, bws: list[float], demand_gb: float) -> int:
-    from . import model
+    from .policy import model
 
     if not 0 <= split <= 1:
         return _fail("--split must be in [0, 1]", 2)

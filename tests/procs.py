@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from kvstream_backend import engine as engine_mod
 from kvstream_backend.config import parse_config
 from kvstream_backend.engine import Engine, ReadRequest, payload_view
+from kvstream_backend.engine import core as engine_mod
 from kvstream_backend.io import files
 from kvstream_backend.io.memory import AlignedBuffer
 

@@ -9,7 +9,7 @@ from kvstream_backend import format as fmt
 from kvstream_backend.bench.cli import DEFAULT_PFS
 from kvstream_backend.cli import main
 from kvstream_backend.config import EmulateConfig
-from kvstream_backend.emulate import serial_seconds, tier_throttle
+from kvstream_backend.tiers.emulate import serial_seconds, tier_throttle
 
 
 def test_bench_runs_every_configuration(tmp_path) -> None:

@@ -13,9 +13,9 @@ import pytest
 
 from kvstream_backend import format as fmt
 from kvstream_backend.config import EmulateConfig
-from kvstream_backend.emulate import serial_seconds, tier_throttle
 from kvstream_backend.engine import ReadRequest
 from kvstream_backend.io.memory import AlignedBuffer
+from kvstream_backend.tiers.emulate import serial_seconds, tier_throttle
 
 from .conftest import engine_config, requires_uring
 from .helpers import check_all, payload, read_all, write_all

@@ -1,4 +1,5 @@
-"""The routing policy with fake tiers and a fake clock (kvstream_backend.model's simulator)."""
+"""The routing policy with fake tiers and a fake clock (the simulator of
+kvstream_backend.policy.model)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import random
 
 import pytest
 
-from kvstream_backend import model
-from kvstream_backend.routing import INFLIGHT, UNCLAIMED, ClaimRouter
+from kvstream_backend.policy import model
+from kvstream_backend.policy.routing import INFLIGHT, UNCLAIMED, ClaimRouter
 
 
 def const(b: float):
@@ -193,7 +194,7 @@ def test_drop_tier() -> None:
 
 @pytest.mark.parametrize("g", [0.5, 0.7, 0.9])
 def test_static_split_assigns_by_position(g: float) -> None:
-    from kvstream_backend.routing import StaticSplitRouter
+    from kvstream_backend.policy.routing import StaticSplitRouter
 
     r = StaticSplitRouter(2, 4, g)
     for _ in range(100):

@@ -9,9 +9,9 @@ import pytest
 
 from kvstream_backend.cli import main
 from kvstream_backend.config import EmulateConfig
-from kvstream_backend.emulate import serial_seconds, tier_throttle
 from kvstream_backend.sim.cli import trace_path
 from kvstream_backend.sim.replay import Request, SimParams, reuse_distances, run, simulate
+from kvstream_backend.tiers.emulate import serial_seconds, tier_throttle
 
 # The Mooncake traces ship with the package (kvstream_backend/sim/traces, Apache-2.0).
 CONVERSATION = Path(trace_path("conversation"))

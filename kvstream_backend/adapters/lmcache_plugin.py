@@ -5,9 +5,9 @@ Selected from LMCache's YAML with ``storage_plugins: ["kvstream"]`` and
 storage_plugin.kvstream.class_name: KVStreamBackend, kvstream.tiers: [...]}``.
 
 A thin translation of LMCache's calls onto the engine, which owns every pin and every
-lookup-time read (:mod:`kvstream_backend.lookups`); the plugin holds no read state. The owner of
-a lookup is LMCache's lookup id in async mode, and ``""`` in sync mode (whose unpins name only
-keys):
+lookup-time read (:mod:`kvstream_backend.engine.lookups`); the plugin holds no read state.
+The owner of a lookup is LMCache's lookup id in async mode, and ``""`` in sync mode (whose
+unpins name only keys):
 
 * lookup (``batched_contains(keys, pin=True)`` / ``batched_async_contains``): the engine pins
   the prefix hit and starts reading it at once, into MemoryObjs from ``local_cpu_backend``

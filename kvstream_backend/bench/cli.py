@@ -30,8 +30,8 @@ from typing import Any
 
 from .. import format as fmt
 from ..config import parse_config
-from ..emulate import serial_seconds, tier_throttle
 from ..io import files
+from ..tiers.emulate import serial_seconds, tier_throttle
 from .report import BenchReport, ConfigResult, Target, TierResult, WriteRow, plot, render
 
 DEFAULT_PFS = {"read_mbps": 600, "write_mbps": 400, "jitter": 0.35, "pattern": "bursty",
@@ -472,7 +472,7 @@ def _record(res: ConfigResult, r: Any, cpu: _CpuMeter) -> None:
 
 def _chunk_files(root: str, shape: Any, idx: list[int]) -> list[str]:
     from ..format import key_digest
-    from ..tier import LAYOUT, SUFFIX
+    from ..tiers.tier import LAYOUT, SUFFIX
 
     out = []
     for i in idx:

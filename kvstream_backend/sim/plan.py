@@ -133,7 +133,7 @@ class Serving(msgspec.Struct, frozen=True):
 
 def predict(p: TracePlan, s: Serving) -> list[float]:
     """Each request's TTFT (s), in plan order, under the same FCFS batching as the replay."""
-    from ..model import simulate_routed, simulate_static
+    from ..policy.model import simulate_routed, simulate_static
 
     reqs = p.requests
     ttft: list[float] = []

@@ -19,8 +19,9 @@ Model (README "kvstream sim" repeats it):
 * **Steps and time.** Requests queue FCFS on one serving engine; a step takes up to
   ``max_batch`` queued requests. Its retrieval time is that of the step's storage demand D over
   the tiers (bandwidths b_k drift per step by ``bw_jitter``, seeded), computed with the real
-  :class:`~kvstream_backend.routing.ClaimRouter` (kvstream), a static split g, or the first tier
-  alone, at 256-token chunk granularity; the step cannot start computing before its KV is in.
+  :class:`~kvstream_backend.policy.routing.ClaimRouter` (kvstream), a static split g, or the
+  first tier alone, at 256-token chunk granularity; the step cannot start computing before its
+  KV is in.
   Compute time is ``step_overhead_s + new_tokens / prefill_tokens_per_s``. A request's TTFT is
   its step's end minus its arrival; arrivals are trace timestamps divided by ``rate_scale``.
 """
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ..model import simulate_routed, simulate_static
+from ..policy.model import simulate_routed, simulate_static
 
 GB = 1e9
 CHUNK_TOKENS = 256

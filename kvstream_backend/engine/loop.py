@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
-from .io.ops import Waker
+from ..io.ops import Waker
 
 log = logging.getLogger("kvstream")
 

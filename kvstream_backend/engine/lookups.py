@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable
 from threading import Lock
 
-from .handles import ReadHandle
+from ..handles import ReadHandle
 
 Owner = str
 

@@ -6,9 +6,9 @@ time) until it is delivered back, then by the loop again; it carries its outcome
 
 from __future__ import annotations
 
-from . import format as fmt
-from .handles import Buffer, ReadHandle, Segment
-from .io.memory import AlignedBuffer
+from .. import format as fmt
+from ..handles import Buffer, ReadHandle, Segment
+from ..io.memory import AlignedBuffer
 
 
 class ReadJob:

@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Iterable
 
-from .config import EmulateConfig
+from ..config import EmulateConfig
 
 MIB = 1 << 20
 

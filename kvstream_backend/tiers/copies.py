@@ -1,6 +1,6 @@
 """The file steps of one tier's I/O, as plain functions: the read of a chunk copy, the check of
 what it read, a copy's temp file made, sealed and published, and a copy re-made from another
-tier's file. The tier worker (:mod:`kvstream_backend.tier_worker`) decides which thread runs each
+tier's file. The tier worker (:mod:`kvstream_backend.tiers.worker`) decides which thread runs each
 (its own, a file thread, a verify thread); a step touches only the job and the tier it is given.
 
 O_DIRECT needs page-aligned memory. A caller's buffer that is not (an L1 pool configured with
@@ -15,11 +15,11 @@ import errno
 import os
 from collections.abc import Callable
 
-from . import format as fmt
-from .handles import Segment, payload_views, segments
-from .io import files
-from .io.memory import AlignedBuffer
-from .io.ops import IoOp
+from .. import format as fmt
+from ..handles import Segment, payload_views, segments
+from ..io import files
+from ..io.memory import AlignedBuffer
+from ..io.ops import IoOp
 from .jobs import ReadJob, RepairJob, WriteJob
 from .tier import Tier
 

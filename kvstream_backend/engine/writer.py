@@ -11,13 +11,13 @@ shed (counted; the repairs below re-make them when the chunk is read), and (3) p
 budget the oldest chunks not yet written anywhere are dropped (counted; LMCache recomputes
 them). While every tier is down, staged chunks are dropped at once rather than held (their
 buffers are LMCache's, and an outage can last). The forward thread never blocks. Each copy is one
-:class:`~kvstream_backend.jobs.WriteJob` on its tier's worker. ``on_published(key)``
+:class:`~kvstream_backend.tiers.jobs.WriteJob` on its tier's worker. ``on_published(key)``
 fires when the first copy is visible, ``on_done()`` when every copy is finished; the chunk's
 buffer must stay valid until then.
 
 Repairs: when a chunk is served from one tier while a healthy tier lacks it (it was down, or
 evicted the chunk), that tier gets a copy of the file, behind reads and staged writes, one
-copy at a time per tier (:class:`~kvstream_backend.jobs.RepairJob`).
+copy at a time per tier (:class:`~kvstream_backend.tiers.jobs.RepairJob`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import format as fmt
-from .accounting import StepMeter
-from .config import KVStreamConfig
-from .handles import Buffer, Segment, call_safely, payload_views, segments
-from .io import files
-from .io.memory import SlabPool
-from .jobs import RepairJob, WriteJob
-from .tier_runtime import TierRuntime
+from .. import format as fmt
+from ..config import KVStreamConfig
+from ..handles import Buffer, Segment, call_safely, payload_views, segments
+from ..io import files
+from ..io.memory import SlabPool
+from ..tiers.accounting import StepMeter
+from ..tiers.jobs import RepairJob, WriteJob
+from ..tiers.runtime import TierRuntime
 
 REPAIR_BACKLOG = 4096  # chunk copies waiting for a quiet moment; older wishes are dropped
 

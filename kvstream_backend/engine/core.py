@@ -4,33 +4,33 @@ the one completion loop that drives them.
 Threads: callers (LMCache's lookup, forward and event-loop threads) only post commands and wait
 on handles. One thread, ``kvstream-io``, owns the router, the pool and the staging queue, so
 none of that state needs a lock; it never touches a file system. Each tier has its own worker
-thread (:mod:`kvstream_backend.tier_worker`) that does that tier's opens, submissions, closes,
+thread (:mod:`kvstream_backend.tiers.worker`) that does that tier's opens, submissions, closes,
 publishing and verification, so no tier's slowness stalls another's reads.
 
 Who owns what crosses threads (nothing else does, and nothing relies on the GIL):
 
 * Commands and finished jobs into the loop, and what each turn leaves for waiters:
-  :class:`~kvstream_backend.loop.CompletionLoop` (its docstring says how).
-* The lookup table (:class:`~kvstream_backend.lookups.Lookups`), the writer's set of chunks
+  :class:`~kvstream_backend.engine.loop.CompletionLoop` (its docstring says how).
+* The lookup table (:class:`~kvstream_backend.engine.lookups.Lookups`), the writer's set of chunks
   being written and the read pool's count of chunks being read: each under its own lock,
   asked by callers and by tier workers making room (``_evictable``).
-* Tier indexes and health: :class:`~kvstream_backend.tier.Tier` (its own lock).
+* Tier indexes and health: :class:`~kvstream_backend.tiers.tier.Tier` (its own lock).
 
 Call protocol (keys are the adapters' key strings; an *owner* names a lookup, see
-:mod:`kvstream_backend.lookups`):
+:mod:`kvstream_backend.engine.lookups`):
 
 * ``lookup(key)`` -> :class:`ChunkInfo` or None (index, then the file system for chunks another
   process published).
 * ``lookup_and_pin(owner, keys, read=...)`` pins, then looks up, each key for ``owner`` (so
   nothing evicts it in between; a miss is unpinned). With ``read`` the hits are read at once,
-  as the open pool of the next step (:mod:`kvstream_backend.routing`), and held for the owner
+  as the open pool of the next step (:mod:`kvstream_backend.policy.routing`), and held for the owner
   until a get takes them (``take``), the owner releases them (``release``), or their
   time-to-live passes.
 * ``read(requests)`` returns one :class:`ReadHandle` per :class:`ReadRequest`, immediately: the
   chunks a get waits for (``take`` hands over a lookup's handle, ``demand`` marks it waited
   for). Buffer ownership: see :mod:`kvstream_backend.handles`.
 * ``write(...)`` stages a chunk and returns at once (False if the key is already being
-  written); see :mod:`kvstream_backend.writer`.
+  written); see :mod:`kvstream_backend.engine.writer`.
 * ``close()`` drains staged writes (bounded) and stops the loop and the workers.
 """
 
@@ -45,20 +45,20 @@ from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 
-from . import format as fmt
-from .accounting import StepMeter
-from .config import KVStreamConfig
-from .handles import Alloc, Buffer, ChunkInfo, ReadHandle, ReadRequest, payload_view
-from .io.memory import SlabPool
-from .io.probe import QueueFactory, make_queue
-from .io.threads import Workers
-from .jobs import Job, ReadJob, WriteJob
+from .. import format as fmt
+from ..config import KVStreamConfig
+from ..handles import Alloc, Buffer, ChunkInfo, ReadHandle, ReadRequest, payload_view
+from ..io.memory import SlabPool
+from ..io.probe import QueueFactory, make_queue
+from ..io.threads import Workers
+from ..stats import EngineStats, StepReport
+from ..tiers.accounting import StepMeter
+from ..tiers.jobs import Job, ReadJob, WriteJob
+from ..tiers.runtime import Health, TierRuntime, open_tier, tier_infos
+from ..tiers.tier import Tier
 from .lookups import Lookups, Owner
 from .loop import CompletionLoop, Settled
 from .readpool import ReadPool
-from .stats import EngineStats, StepReport
-from .tier import Tier
-from .tier_runtime import Health, TierRuntime, open_tier, tier_infos
 from .writer import Writer
 
 __all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "ReadRequest", "payload_view"]
@@ -328,7 +328,7 @@ class Engine:
         )
 
     # ------------------------------------------------------------------------------------
-    # the completion loop's turn (thread kvstream-io; see :mod:`kvstream_backend.loop`)
+    # the completion loop's turn (thread kvstream-io; see :mod:`kvstream_backend.engine.loop`)
     def _post(self, cmd: Callable[[float], None]) -> None:
         self._loop.post(cmd)
 

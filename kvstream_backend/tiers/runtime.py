@@ -14,15 +14,15 @@ import os
 import threading
 from collections.abc import Callable
 
+from ..config import KVStreamConfig, TierConfig
+from ..io.ops import IoQueue, Waker
+from ..io.probe import IoPath, QueueFactory, probe
+from ..io.threads import Workers
+from ..stats import TierInfo
 from .accounting import TierMeter
-from .config import KVStreamConfig, TierConfig
-from .io.ops import IoQueue, Waker
-from .io.probe import IoPath, QueueFactory, probe
-from .io.threads import Workers
 from .jobs import Job
-from .stats import TierInfo
 from .tier import Tier
-from .tier_worker import TierWorker
+from .worker import TierWorker
 
 log = logging.getLogger("kvstream")
 

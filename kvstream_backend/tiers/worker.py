@@ -21,7 +21,7 @@ once through the ``deliver`` callback given at construction (called on this thre
 only hand off), with ``errno``/``reason``/``moved`` set. :meth:`close` finishes what was queued
 and stops the threads. Emulated bandwidth (``emulate``) is applied here, by holding a finished
 job back until the emulated device would have finished it. The file steps themselves are plain
-functions (:mod:`kvstream_backend.copies`); this module decides where and when each runs.
+functions (:mod:`kvstream_backend.tiers.copies`); this module decides where and when each runs.
 
 Ownership: ``_inbox`` (the loop appends) and ``_filed`` (file and verify threads append) are
 deques, thread-safe by contract; a job belongs to one thread at a time; everything else here is
@@ -40,12 +40,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..config import KVStreamConfig
+from ..io import files
+from ..io.ops import IoOp, IoQueue, Waker
+from ..io.threads import Workers
 from . import copies
-from .config import KVStreamConfig
 from .emulate import Throttle, tier_throttle
-from .io import files
-from .io.ops import IoOp, IoQueue, Waker
-from .io.threads import Workers
 from .jobs import Job, ReadJob, RepairJob, WriteJob
 from .tier import Tier
 

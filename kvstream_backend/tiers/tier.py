@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .config import TierConfig
-from .format import HEADER_SIZE, CorruptChunk, Header, decode_header
-from .io import files
+from ..config import TierConfig
+from ..format import HEADER_SIZE, CorruptChunk, Header, decode_header
+from ..io import files
 
 LAYOUT = "kvs1"
 SUFFIX = ".kvs"

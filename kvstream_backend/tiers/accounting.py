@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 
-from .stats import StepReport, TierStep
+from ..stats import StepReport, TierStep
 
 
 class TierMeter:

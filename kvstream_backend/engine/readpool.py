@@ -14,7 +14,7 @@ Lookup-time reads: a chunk a lookup registered gets its buffer when a tier claim
 it is registered, and such buffers not yet demanded by a get are bounded by
 ``prefetch_max_gb``; past it, or when an allocation fails, tiers claim only chunks a get waits
 for, and the others wait their turn. How long a lookup's reads are kept is the engine's lookup
-table's business (:mod:`kvstream_backend.lookups`).
+table's business (:mod:`kvstream_backend.engine.lookups`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 
-from .accounting import StepMeter
-from .config import KVStreamConfig
-from .handles import ReadHandle
-from .io import files
-from .io.memory import SlabPool
-from .jobs import ReadJob
-from .routing import ClaimRouter, StaticSplitRouter
-from .tier_runtime import TierRuntime
+from ..config import KVStreamConfig
+from ..handles import ReadHandle
+from ..io import files
+from ..io.memory import SlabPool
+from ..policy.routing import ClaimRouter, StaticSplitRouter
+from ..tiers.accounting import StepMeter
+from ..tiers.jobs import ReadJob
+from ..tiers.runtime import TierRuntime
 
 ALLOC_RETRY_S = 0.02
 NOT_THE_TIER = frozenset({errno.EAGAIN, errno.EFAULT})
