@@ -344,8 +344,8 @@ def test_a_tier_root_missing_at_start_is_down_never_created_and_joins_later(tier
     from kvstream_backend.config import parse_config
     from kvstream_backend.engine import Engine
 
-    missing = tier_dirs[1]
-    shutil.rmtree(missing)
+    # on the same file system as tier 0, so that the probe owes both the same I/O path
+    missing = os.path.join(os.path.dirname(tier_dirs[0]), "pfs-not-mounted-yet")
     cfg = parse_config({"kvstream.tiers": [
         {"name": "t0", "path": tier_dirs[0], "max_size_gb": 1},
         {"name": "t1", "path": missing, "max_size_gb": 1},
@@ -361,8 +361,10 @@ def test_a_tier_root_missing_at_start_is_down_never_created_and_joins_later(tier
         assert _eventually(lambda: e.tiers[1].up), "the tier did not join"
         write_all(e, ["k2"], 8 * KB)
         assert e.tiers[1].has(fmt.key_digest("k2"))
-        io = [t.io for t in e.stats().tiers]
-        assert io[1] == io[0], io  # probed when it joined: the path the same disk got at start
+        # probed when it joined: the path (io_uring or threads, O_DIRECT or not) the same
+        # file system got at start
+        io = [(t.io, t.direct) for t in e.stats().tiers]
+        assert io[1] == io[0], io
     finally:
         e.close()
 
