@@ -492,3 +492,15 @@ def test_an_unexpected_error_in_a_file_step_fails_that_copy_only(tier_dirs, make
     t = time.monotonic()
     e.close()
     assert time.monotonic() - t < 10
+
+
+def test_clear_removes_every_copy_on_every_tier(tier_dirs, make_engine):
+    """SGLang's "flush the storage": every chunk file goes, on every tier, and lookups miss."""
+    e = make_engine(tier_dirs)
+    keys = [f"c{i}" for i in range(6)]
+    write_all(e, keys, 16 * KB)
+    paths = [t.chunk_path(fmt.key_digest(k)) for t in e.tiers for k in keys]
+    assert all(os.path.exists(p) for p in paths)
+    assert e.clear() == len(paths)
+    assert not any(os.path.exists(p) for p in paths)
+    assert all(e.lookup(k) is None for k in keys) and e.usage() == 0

@@ -350,9 +350,7 @@ class KVStreamHiCacheStorage(HiCacheStorage):
     def clear(self) -> None:
         """Remove every chunk from every tier (SGLang's "flush the storage"; the tiers are
         this backend's: give other users of kvstream other directories)."""
-        for t in self.engine.tiers:
-            for digest in t.digests():
-                t.remove(digest)
+        self.engine.clear()
 
     def get_stats(self) -> None:
         return None  # kvstream's counters: its Prometheus metrics and the stats file

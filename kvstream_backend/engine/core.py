@@ -232,6 +232,17 @@ class Engine:
         removed = [rt.tier.remove(digest) for rt in self._tiers]  # from every tier, no short cut
         return any(removed)
 
+    def clear(self) -> int:
+        """Delete every chunk from every tier (their lookup-time reads are dropped); returns
+        the copies removed."""
+        n = 0
+        for rt in self._tiers:
+            for digest in rt.tier.digests():
+                for h in self._lookups.drop_reads(digest):
+                    h.discard()
+                n += rt.tier.remove(digest)
+        return n
+
     def usage(self) -> int:
         """Bytes stored on the fullest tier (each tier holds a replica of everything)."""
         return max((rt.tier.used for rt in self._tiers), default=0)
