@@ -248,11 +248,7 @@ class ReplayBench:
         for r in results:
             if not r.ok or not h2d or r.name not in tiers or not all(tiers[r.name]):
                 continue
-            s = Serving(r.name, tiers[r.name], h2d, r.prefill_tokens_per_s,
-                        self.model.kv_bytes_per_token,
-                        split=g if r.name == "static-best" else None,
-                        recompute=r.name == "nocache")
-            pred = predict(self.plan, s)
+            pred = self._kvsim(r.name, tiers[r.name], r.prefill_tokens_per_s, g, h2d)
             r.predicted_p50_s, r.predicted_p90_s = _pct(pred, 50), _pct(pred, 90)
             r.p50_error = r.predicted_p50_s / r.ttft_p50_s - 1
         self._predict_at_run_rates(results, g, h2d)
@@ -274,10 +270,16 @@ class ReplayBench:
             c = by.get(name)
             if c is None or not all(tt):
                 continue
-            pred = predict(self.plan, Serving(name, tt, h2d, c.prefill_tokens_per_s,
-                                              self.model.kv_bytes_per_token,
-                                              split=g if name == "static-best" else None))
-            c.predicted_run_p50_s = _pct(pred, 50)
+            c.predicted_run_p50_s = _pct(self._kvsim(name, tt, c.prefill_tokens_per_s, g, h2d),
+                                         50)
+
+    def _kvsim(self, name: str, tiers_gbps: tuple[float, ...], prefill_tokens_per_s: float,
+               g: float, h2d: float) -> list[float]:
+        """kvsim's TTFT of each request of the plan for configuration ``name``."""
+        return predict(self.plan, Serving(name, tiers_gbps, h2d, prefill_tokens_per_s,
+                                          self.model.kv_bytes_per_token,
+                                          split=g if name == "static-best" else None,
+                                          recompute=name == "nocache"))
 
     def _targets(self, by: dict[str, ConfigResult]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

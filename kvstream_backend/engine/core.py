@@ -14,7 +14,9 @@ Who owns what crosses threads (nothing else does, and nothing relies on the GIL)
 * The lookup table (:class:`~kvstream_backend.engine.lookups.Lookups`), the writer's set of chunks
   being written and the read pool's count of chunks being read: each under its own lock,
   asked by callers and by tier workers making room (``_evictable``).
-* Tier indexes and health: :class:`~kvstream_backend.tiers.tier.Tier` (its own lock).
+* Tier indexes: :class:`~kvstream_backend.tiers.tier.Tier` (its own lock). A tier's health
+  (``up``, ``down_reason``) is written on the loop only, by
+  :class:`~kvstream_backend.tiers.runtime.Health`, and read anywhere as single attribute loads.
 
 Call protocol (keys are the adapters' key strings; an *owner* names a lookup, see
 :mod:`kvstream_backend.engine.lookups`):
@@ -226,22 +228,20 @@ class Engine:
 
     def remove(self, key: str) -> bool:
         """Delete the chunk from every tier; a lookup-time read of it is dropped."""
-        digest = fmt.key_digest(key)
-        for h in self._lookups.drop_reads(digest):
-            h.discard()
-        removed = [rt.tier.remove(digest) for rt in self._tiers]  # from every tier, no short cut
-        return any(removed)
+        return self._remove(fmt.key_digest(key)) > 0
 
     def clear(self) -> int:
         """Delete every chunk from every tier (their lookup-time reads are dropped); returns
         the copies removed."""
-        n = 0
-        for rt in self._tiers:
-            for digest in rt.tier.digests():
-                for h in self._lookups.drop_reads(digest):
-                    h.discard()
-                n += rt.tier.remove(digest)
-        return n
+        digests = set().union(*(rt.tier.digests() for rt in self._tiers))
+        return sum(self._remove(d) for d in digests)
+
+    def _remove(self, digest: bytes) -> int:
+        """Drop the chunk's lookup-time reads and delete it from every tier (no short cut);
+        returns the copies removed."""
+        for h in self._lookups.drop_reads(digest):
+            h.discard()
+        return sum(rt.tier.remove(digest) for rt in self._tiers)
 
     def usage(self) -> int:
         """Bytes stored on the fullest tier (each tier holds a replica of everything)."""
