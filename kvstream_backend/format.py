@@ -126,5 +126,11 @@ def verify_payload(header: Header, parts: Sequence[memoryview]) -> None:
     n = sum(len(p) for p in parts)
     if n != header.payload_len:
         raise CorruptChunk("truncated", f"{n} of {header.payload_len} bytes")
-    if payload_checksum(parts) != header.payload_xxh:
+    verify_checksum(header, payload_checksum(parts))
+
+
+def verify_checksum(header: Header, payload_xxh: int) -> None:
+    """Raise :class:`CorruptChunk` unless ``payload_xxh`` (the xxh3-64 of ``payload_len``
+    bytes, taken as they were read) is the header's."""
+    if payload_xxh != header.payload_xxh:
         raise CorruptChunk("bad-payload-checksum")

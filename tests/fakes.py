@@ -59,6 +59,10 @@ class ControlledQueue:
     def inflight(self) -> int:
         return self._inner.inflight + len(self._held)
 
+    @property
+    def hashes_reads(self) -> bool:
+        return self._inner.hashes_reads
+
     def submit(self, op: IoOp) -> bool:
         release = self._ctl.block.get(self._name)
         if release is not None and not self._ctl.blocked[self._name].is_set():

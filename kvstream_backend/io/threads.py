@@ -1,5 +1,12 @@
-"""Thread-pool queue: ``os.preadv``/``os.pwritev`` for tiers where io_uring is unavailable; and
-the daemon worker threads that it and a tier's file steps run on."""
+"""Thread-pool queue: ``os.preadv``/``os.pwritev`` for tiers where io_uring is unavailable or
+gains nothing (memory-backed file systems); and the daemon worker threads that it and a tier's
+file steps run on.
+
+A read that carries a hasher is read in pieces of :data:`HASH_PIECE` bytes, each hashed by the
+same thread right after it lands. Hashed after the whole chunk (16-32 MiB, beyond any core's
+cache) the checksum is one more pass over memory; on an H200 host's tmpfs that pass held the
+engine to 0.6-0.75x of the plain reader's rate.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .memory import exporter
-from .ops import IoOp, Waker
+from .ops import Hasher, IoOp, Waker
 
 log = logging.getLogger("kvstream")
+
+HASH_PIECE = 1 << 20
+"""Bytes per ``preadv`` while hashing: hashed while they are still in the core's L2 cache."""
 
 
 class Workers:
@@ -56,6 +66,8 @@ class Workers:
 def transfer(op: IoOp) -> None:
     """Move all of ``op`` (looping over short transfers); set ``op.result``."""
     try:
+        if op.hasher is not None and not op.write:
+            _read_hashing(op, op.hasher)
         while op.done < op.length:
             segs, offset = op.remaining()
             views = [exporter(s) for s in segs]
@@ -68,8 +80,29 @@ def transfer(op: IoOp) -> None:
         op.result = -(e.errno or 5)
 
 
+def _read_hashing(op: IoOp, hasher: Hasher) -> None:
+    """Read ``op`` piece by piece, feeding ``hasher`` each piece's share of ``op.hash_span`` as
+    soon as it lands. Returns at end of file or after the last segment (``op.done`` counts)."""
+    lo, hi = op.hash_span
+    pos = 0  # op position of the segment's first byte
+    for addr, n in op.segs:
+        view = exporter((addr, n))
+        at = 0
+        while at < n:
+            got = os.preadv(op.fd, [view[at:at + min(n - at, HASH_PIECE)]], op.offset + pos + at)
+            if got == 0:
+                return
+            a, b = max(lo, pos + at), min(hi, pos + at + got)
+            if a < b:
+                hasher.update(view[a - pos:b - pos])
+            at += got
+            op.done += got
+        pos += n
+
+
 class ThreadQueue:
     kind = "threads"
+    hashes_reads = True
 
     def __init__(self, depth: int, threads: int, waker: Waker, name: str) -> None:
         self._pool = Workers(threads, f"kvs-{name}")

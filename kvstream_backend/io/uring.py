@@ -20,6 +20,7 @@ from .ops import IoOp, Waker
 
 class UringQueue:
     kind = "uring"
+    hashes_reads = False  # the kernel's workers move the bytes: no thread of ours sees them hot
 
     def __init__(self, depth: int, waker: Waker, async_issue: bool = True) -> None:
         self._ring = L.Ring()

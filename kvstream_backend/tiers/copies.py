@@ -15,6 +15,8 @@ import errno
 import os
 from collections.abc import Callable
 
+import xxhash
+
 from .. import format as fmt
 from ..handles import Segment, payload_views, segments
 from ..io import files
@@ -31,9 +33,11 @@ def aligned(segs: list[Segment]) -> bool:
     return all(not (addr % fmt.ALIGN or n % fmt.ALIGN) for addr, n in segs)
 
 
-def read_op(job: ReadJob, fd: int, direct: bool) -> IoOp:
+def read_op(job: ReadJob, fd: int, direct: bool, hash_payload: bool) -> IoOp:
     """The read of ``job``'s copy open at ``fd``: the header into its slot, the payload into the
-    job's buffer, or into a bounce buffer (``job.bounce``) where O_DIRECT cannot use it."""
+    job's buffer, or into a bounce buffer (``job.bounce``) where O_DIRECT cannot use it.
+    ``hash_payload``: the op carries a hasher for the payload's bytes (a queue that
+    ``hashes_reads`` feeds it as they land; see :func:`check_read`)."""
     plen = job.handle.info.payload_len
     segs = segments(job.buf, plen)
     if direct:
@@ -43,12 +47,18 @@ def read_op(job: ReadJob, fd: int, direct: bool) -> IoOp:
         if not aligned(segs):
             job.bounce = AlignedBuffer(need)
             segs = [(job.bounce.addr, need)]
-    return IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), *segs], 0, False, job)
+    op = IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), *segs], 0, False, job)
+    if hash_payload:
+        op.hasher = xxhash.xxh3_64()
+        op.hash_span = (fmt.HEADER_SIZE, fmt.HEADER_SIZE + plen)
+    return op
 
 
 def check_read(job: ReadJob, max_chunk_bytes: int, verify_checksums: bool) -> None:
     """Validate what ``job`` read (length, header, payload checksum) and copy a bounce buffer
-    into place. A bad copy sets ``job.reason`` (raises nothing for it)."""
+    into place. A bad copy sets ``job.reason`` (raises nothing for it). The checksum is
+    ``job.payload_xxh`` where the read was hashed as it landed (a header compare, cheap),
+    else a pass over the payload's memory (CPU work for a verify thread)."""
     info = job.handle.info
     try:
         if job.moved < fmt.HEADER_SIZE + info.payload_len:
@@ -58,7 +68,9 @@ def check_read(job: ReadJob, max_chunk_bytes: int, verify_checksums: bool) -> No
             raise fmt.CorruptChunk("length-mismatch")
         plen = info.payload_len
         src = job.bounce if job.bounce is not None else job.buf
-        if verify_checksums:
+        if verify_checksums and job.payload_xxh is not None:
+            fmt.verify_checksum(header, job.payload_xxh)
+        elif verify_checksums:
             fmt.verify_payload(header, payload_views(src, plen))
         if job.bounce is not None:
             at = job.bounce.addr

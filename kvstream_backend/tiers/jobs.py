@@ -15,7 +15,7 @@ class ReadJob:
     """One read of one chunk copy from one tier (a primary read or a hedge)."""
 
     __slots__ = ("tier", "rid", "handle", "buf", "primary", "hdr", "errno", "reason", "moved",
-                 "t_start", "bounce")
+                 "t_start", "bounce", "payload_xxh")
 
     def __init__(self, tier: int, rid: int, handle: ReadHandle, buf: Buffer, primary: bool,
                  hdr: tuple[int, memoryview], t_start: float) -> None:
@@ -30,6 +30,7 @@ class ReadJob:
         self.moved = 0
         self.t_start = t_start
         self.bounce: AlignedBuffer | None = None  # read here, then copied into ``buf``
+        self.payload_xxh: int | None = None  # the payload's checksum, taken as it was read
 
     @property
     def ok(self) -> bool:

@@ -176,7 +176,8 @@ class TierWorker:
             self._read_failed(job, e.errno or errno.EIO)
             self._read_done(job)
             return
-        self._submit(copies.read_op(job, fd, self.direct))
+        self._submit(copies.read_op(job, fd, self.direct,
+                                    self._cfg.verify_checksums and self.rq.hashes_reads))
 
     def _reaped(self, op: IoOp, throttle: Throttle | None) -> None:
         if not op.write:  # a copy's file is closed with its publication (file threads)
@@ -202,18 +203,28 @@ class TierWorker:
         if op.result < 0:
             self._read_failed(job, -op.result)
             self._read_done(job)
-        else:  # checksums on the shared verify threads: one tier thread cannot keep up
+            return
+        if op.hasher is not None:
+            job.payload_xxh = op.hasher.intdigest()
+        if job.payload_xxh is not None and job.bounce is None:
+            self._validate(job)  # hashed as it was read: what is left is a header compare
+            self._checked(job)
+        else:  # a pass over memory, on the shared verify threads: one tier thread can't keep up
             self._verify.submit(self._check, job)
 
     def _check(self, job: ReadJob) -> None:
-        """Verify thread: check the copy read (a bounce buffer is copied into place); the tier
-        thread then quarantines a bad copy and delivers the job."""
+        """Verify thread: validate the copy read; the tier thread then quarantines a bad copy
+        and delivers the job."""
+        self._validate(job)
+        self._filed_back(self._checked, job)
+
+    def _validate(self, job: ReadJob) -> None:
+        """Check the copy read (a bounce buffer is copied into place); never raises."""
         try:
             copies.check_read(job, self._cfg.max_chunk_bytes, self._cfg.verify_checksums)
         except Exception:  # noqa: BLE001 - the job must come back, or close() waits for it
             log.exception("kvstream: tier %s: verifying a read failed", self.tier.name)
             job.errno = errno.EAGAIN  # not the tier's fault: another copy is tried
-        self._filed_back(self._checked, job)
 
     def _checked(self, job: ReadJob) -> None:
         if job.reason:

@@ -1,0 +1,124 @@
+"""Checksums taken while a read lands (the thread path hashes each piece on the thread that read
+it) and taken afterwards (a queue that cannot, as io_uring's): the same bytes and the same
+verdicts, for payloads across piece boundaries, scattered buffers and damaged copies."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import xxhash
+
+from kvstream_backend import format as fmt
+from kvstream_backend.engine import Engine, ReadRequest
+from kvstream_backend.handles import Regions
+from kvstream_backend.io import files
+from kvstream_backend.io.memory import AlignedBuffer
+from kvstream_backend.io.ops import IoOp, Waker
+from kvstream_backend.io.probe import io_kinds, probe
+from kvstream_backend.io.threads import HASH_PIECE, ThreadQueue, transfer
+
+from .conftest import engine_config
+from .helpers import check_all, payload, write_all
+
+PIECE = HASH_PIECE
+PAGE = fmt.ALIGN
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("seg_sizes, span, file_len", [
+    ([PAGE, 3 * PIECE + 2 * PAGE], (PAGE, PAGE + 3 * PIECE + 1000), None),  # header + payload
+    ([PAGE, PIECE // 2, PIECE, PAGE * 3], (PAGE, PAGE + PIECE + 7), None),  # scattered
+    ([PAGE, 2 * PIECE], (0, 2 * PIECE + PAGE), None),                      # all of it
+    ([PAGE, 3 * PIECE], (PAGE, PAGE + 3 * PIECE), PAGE + PIECE + 2 * PAGE),  # file ends early
+])
+def test_a_hashed_read_feeds_exactly_its_span_in_order(tmp_path, direct, seg_sizes, span,
+                                                       file_len):
+    total = sum(seg_sizes)
+    data = os.urandom(file_len or total)
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(data)
+    bufs = [AlignedBuffer(n) for n in seg_sizes]
+    fd = files.open_read(path, direct)
+    try:
+        op = IoOp(fd, [(b.addr, n) for b, n in zip(bufs, seg_sizes, strict=True)], 0, False, None)
+        op.hasher = xxhash.xxh3_64()
+        op.hash_span = span
+        transfer(op)
+    finally:
+        os.close(fd)
+    assert op.result == len(data)
+    got = b"".join(bytes(b.view[:n]) for b, n in zip(bufs, seg_sizes, strict=True))
+    assert got[:len(data)] == data
+    lo, hi = span
+    assert op.hasher.intdigest() == xxhash.xxh3_64_intdigest(data[lo:min(hi, len(data))])
+
+
+class ColdQueue(ThreadQueue):
+    """The thread path, told not to hash as it reads: the engine hashes afterwards, as it does
+    behind io_uring (unusable on CPUs without AVX-512, so this stands in for it here)."""
+
+    hashes_reads = False
+
+
+def cold_factory(kind: str, depth: int, threads: int, waker: Waker, name: str) -> ThreadQueue:
+    return ColdQueue(depth, threads, waker, name)
+
+
+SIZE = 3 * PIECE + 5 * PAGE + 100  # pieces, pages and a tail that is neither
+
+
+@pytest.fixture(params=["hot", "cold"])
+def engine_of(request, tier_dirs):
+    engines: list[Engine] = []
+
+    def make(dirs: list[str]) -> Engine:
+        kw = {} if request.param == "hot" else {"queue_factory": cold_factory}
+        e = Engine(engine_config(dirs), **kw)
+        engines.append(e)
+        return e
+
+    make.mode = request.param  # type: ignore[attr-defined]
+    yield make
+    for e in engines:
+        e.close()
+
+
+@pytest.mark.parametrize("at", [0, PIECE - 1, PIECE, 2 * PIECE + 3, SIZE - 1])
+def test_a_flipped_byte_anywhere_is_caught_and_the_other_tier_serves(tier_dirs, engine_of, at):
+    e = engine_of(tier_dirs)
+    write_all(e, ["victim", "other"], SIZE)
+    t0 = e.tiers[0]
+    with open(t0.chunk_path(fmt.key_digest("victim")), "r+b") as f:
+        f.seek(fmt.HEADER_SIZE + at)
+        b = f.read(1)
+        f.seek(fmt.HEADER_SIZE + at)
+        f.write(bytes([b[0] ^ 0x10]))
+    check_all(e, ["victim", "other"], SIZE)
+    assert e.stats().tiers[0].quarantined == {"bad-payload-checksum": 1}
+
+
+def test_scattered_buffers_are_hashed_in_payload_order(tier_dirs, engine_of):
+    e = engine_of(tier_dirs[:1])
+    write_all(e, ["k"], SIZE)
+    info = e.lookup("k")
+    assert info is not None
+    parts = [AlignedBuffer(n) for n in (PAGE, PIECE + PAGE, SIZE)]  # the last has slack
+    regions = Regions([(p.addr, p.capacity) for p in parts])
+    (h,) = e.read([ReadRequest(info, regions, None)])
+    assert h.wait(30) is regions, h.reason
+    got = b"".join(bytes(p.view) for p in parts)[:SIZE]
+    assert got == payload("k", SIZE)
+    assert not e.stats().tiers[0].quarantined
+    for p in parts:
+        p.release()
+
+
+def test_memory_backed_tiers_take_the_thread_path_first(tier_dirs):
+    assert files.fs_type("/dev/shm") == "tmpfs"
+    assert io_kinds("auto", "tmpfs") == ["threads", "uring"]
+    assert io_kinds("auto", "ext4") == ["uring", "threads"]
+    assert io_kinds("uring", "tmpfs") == ["uring"]
+    path = probe(tier_dirs[1], "auto", "auto", 0o600)  # tier_dirs[1] is on /dev/shm
+    assert (path.kind, path.reason) == ("threads", "first choice on tmpfs")
