@@ -101,13 +101,6 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         return self.staging_budget_mb << 20
 
     @property
-    def read_threads(self) -> int:
-        """Reader threads per tier on the thread path. Each also hashes what it read while the
-        bytes are in its core's cache, so one per core (at least ``io_threads``), at most as
-        many as reads may be in flight."""
-        return min(self.read_queue_depth, max(self.io_threads, os.cpu_count() or 1))
-
-    @property
     def verify_workers(self) -> int:
         """Threads that verify checksums (shared by every tier; xxhash releases the GIL)."""
         return self.verify_threads or min(8, os.cpu_count() or 1)

@@ -15,7 +15,6 @@ from kvstream_backend.handles import Regions
 from kvstream_backend.io import files
 from kvstream_backend.io.memory import AlignedBuffer
 from kvstream_backend.io.ops import IoOp, Waker
-from kvstream_backend.io.probe import io_kinds, probe
 from kvstream_backend.io.threads import HASH_PIECE, ThreadQueue, transfer
 
 from .conftest import engine_config
@@ -114,11 +113,3 @@ def test_scattered_buffers_are_hashed_in_payload_order(tier_dirs, engine_of):
     for p in parts:
         p.release()
 
-
-def test_memory_backed_tiers_take_the_thread_path_first(tier_dirs):
-    assert files.fs_type("/dev/shm") == "tmpfs"
-    assert io_kinds("auto", "tmpfs") == ["threads", "uring"]
-    assert io_kinds("auto", "ext4") == ["uring", "threads"]
-    assert io_kinds("uring", "tmpfs") == ["uring"]
-    path = probe(tier_dirs[1], "auto", "auto", 0o600)  # tier_dirs[1] is on /dev/shm
-    assert (path.kind, path.reason) == ("threads", "first choice on tmpfs")

@@ -166,28 +166,12 @@ def _round_trip(directory: str, kind: str, direct: bool, mode: int) -> None:
         dst.release()
 
 
-MEMORY_FS = frozenset({"tmpfs", "ramfs"})
-
-
-def io_kinds(io_mode: str, fs: str) -> list[str]:
-    """The I/O paths to try for ``io_mode`` on a file system of type ``fs``, best first.
-
-    On a memory-backed file system every read is a copy out of the page cache: io_uring only
-    hands it to its kernel workers, where the checksum cannot follow the bytes, and the thread
-    path copies and hashes on one core while the bytes are in its cache (see ``threads``).
-    Elsewhere io_uring comes first: fewer threads, and the device's DMA does the copy."""
-    if io_mode != "auto":
-        return [io_mode]
-    return ["threads", "uring"] if fs in MEMORY_FS else ["uring", "threads"]
-
-
 def probe(directory: str, io_mode: str, direct_mode: str, mode: int) -> IoPath:
     """Return the best working :class:`IoPath` for ``directory`` under the configured modes.
 
     Raises ``OSError`` only when no combination works (the directory itself is unusable).
     """
-    fs = files.fs_type(directory)
-    kinds = io_kinds(io_mode, fs)
+    kinds = ["uring", "threads"] if io_mode == "auto" else [io_mode]
     directs = {"auto": [True, False], "on": [True], "off": [False]}[direct_mode]
     failures: list[str] = []
     for kind in kinds:
@@ -197,7 +181,7 @@ def probe(directory: str, io_mode: str, direct_mode: str, mode: int) -> IoPath:
             except Exception as e:  # noqa: BLE001 - any failure just rules the combination out
                 failures.append(f"{kind}{'+direct' if direct else ''}: {e}")
                 continue
-            why = "; ".join(failures) if failures else f"first choice on {fs or 'this fs'}"
+            why = "; ".join(failures) if failures else "first choice"
             inline = "n/a: a thread pool issues each op on its own worker thread"
             if kind == "uring":
                 try:

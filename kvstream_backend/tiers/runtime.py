@@ -74,7 +74,7 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
 
     def make_worker(path: IoPath) -> TierWorker:
         def make(waker: Waker) -> tuple[IoQueue, IoQueue]:
-            rq = queues(path.kind, cfg.read_queue_depth, cfg.read_threads, waker, f"{tc.name}-r")
+            rq = queues(path.kind, cfg.read_queue_depth, cfg.io_threads, waker, f"{tc.name}-r")
             try:
                 wq = queues(path.kind, cfg.write_queue_depth, cfg.io_threads, waker,
                             f"{tc.name}-w")
