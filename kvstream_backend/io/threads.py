@@ -4,7 +4,7 @@ the daemon worker threads that it and a tier's file steps run on.
 A read that carries a hasher is read in pieces of :data:`HASH_PIECE` bytes, each hashed by the
 same thread right after it lands, from its cache. Hashed after the whole chunk (16-32 MiB, past
 any core's cache) the checksum is one more pass over memory: on a 2-core machine's tmpfs the
-engine read 0.59-0.75x of the plain reader that way and 0.85-0.96x hashing each piece. Each
+engine read a median 0.79x of the plain reader that way and 0.87x hashing each piece. Each
 piece costs two GIL hand-offs, so this pays with a few reader threads (``io_threads``), not
 with one per core: 16 such threads on a 16-core host read tmpfs at 0.54-0.59x, where io_uring
 with the verify threads reads it at 0.62-0.67x.
