@@ -66,6 +66,7 @@ class ReplaySpec(msgspec.Struct, frozen=True):
     store: bool  # store the plan's cached prefixes first (in this process)
     recompute: bool = False  # "nocache": prefill every prompt token
     replay: bool = True  # False: store only (the phase that fills kvstream's tiers)
+    warm_plan: bool = False  # warm up on every request's shapes (the first process to replay)
     pool_tokens: int = 393216  # the paged KV pool (vLLM's GPU KV cache)
 
 
@@ -121,12 +122,15 @@ def _block_kv(b: int, m: ModelShape) -> Any:
                        dtype=torch.bfloat16, device=_dev())
 
 
+CHUNK_TOKENS = 256  # LMCache's chunk: a block of the trace is two
+
+
 def _chunk_sums(b: int, m: ModelShape) -> tuple[int, int]:
     """The checksums of block ``b``'s two 256-token chunks (LMCache's unit)."""
     import torch
 
-    kv = _block_kv(b, m)
-    return tuple(int(kv[:, :, h * 256:(h + 1) * 256].contiguous().view(torch.int16)  # type: ignore[return-value]
+    kv, n = _block_kv(b, m), CHUNK_TOKENS
+    return tuple(int(kv[:, :, h * n:(h + 1) * n].contiguous().view(torch.int16)  # type: ignore[return-value]
                      .sum(dtype=torch.int64).item()) for h in (0, 1))
 
 
@@ -238,12 +242,21 @@ def _prefill(model: Any, m: ModelShape, pool: _Pool, tokens: Any, slots: Any) ->
 def _warm_up(model: Any, spec: ReplaySpec, pool: _Pool) -> None:
     """Off the clock: the stand-in prefill at the plan's largest shapes (the most new tokens,
     and the longest prefix with a budget's worth of new tokens), so that its kernels are loaded
-    and the allocator holds its largest blocks before the first batch. (The first H200 run
-    warmed 2,048 tokens without a prefix: its first configuration's first batch then took
-    4.6 s of prefill where every later process took 1.4-1.6 s.)"""
+    and the allocator holds its largest blocks before the first batch; with ``warm_plan``,
+    first at every request's own shapes as well. (The first H200 run warmed 2,048 tokens
+    without a prefix, and its first configuration's first batch took 4.6 s of prefill where
+    every later process took 1.4-1.6 s; warmed at the largest shapes, the first process on an
+    H100 still took 4.6 s against 1.3-1.5 s: the first process to run the stand-in pays a
+    cost per machine that later processes find paid, so it now replays every shape first.)"""
     import torch
 
     m, reqs = spec.model, spec.plan.requests
+    if spec.warm_plan:
+        for r in reqs:
+            p = 0 if spec.recompute else min(r.hit_tokens // CHUNK_TOKENS * CHUNK_TOKENS,
+                                             pool.tokens)
+            tokens = torch.randint(0, m.vocab, (max(r.input_tokens, p + 1),))
+            _prefill(model, m, pool, tokens, torch.arange(p, device=_dev()) if p else None)
     new = min(max(r.input_tokens if spec.recompute else r.new_tokens for r in reqs),
               spec.plan.token_budget)
     prefix = 0 if spec.recompute else min(max(r.hit_tokens for r in reqs),
@@ -309,9 +322,9 @@ def _replay(eng: Any, spec: ReplaySpec, pool: _Pool, model: Any,
         prefill_s = end - tp
         for j, r in enumerate(batch):  # verified outside the TTFT, before the pool is reused
             if got[j]:
-                chunks = got[j] // 256
+                chunks = got[j] // CHUNK_TOKENS
                 want = sum(sums[r.blocks[c // 2]][c % 2] for c in range(chunks))
-                if got[j] % 256 or pool.checksum(slot_of[j]) != want:
+                if got[j] % CHUNK_TOKENS or pool.checksum(slot_of[j]) != want:
                     raise RuntimeError(f"request {r.index}: retrieved KV differs from what "
                                        "was stored")
             results.append(RequestResult(
