@@ -2,7 +2,10 @@
 docs/benchmarks.md derives from it: each configuration's achieved read rate (net of host->GPU),
 kvsim fed those rates instead of the plain limits, and kvstream's TTFT composed from its own
 batches' storage time and the shm-alone run's prefill time (labelled an estimate, not a
-measurement). Usage: python docs/bench/tools/replay_offline.py docs/bench/replay-h200-run1.json
+measurement), and kvsim's terms taken apart: each configuration's TTFT rebuilt from its own
+batches (a check of the rebuild), then with each batch's prefill replaced by kvsim's model
+(new tokens at the run's average rate).
+Usage: python docs/bench/tools/replay_offline.py docs/bench/replay-h100-run2.json
 """
 
 from __future__ import annotations
@@ -57,6 +60,24 @@ def main(path: str) -> None:
     print(f"estimate, kvstream storage + shm-alone prefill: mean {mean:.2f} p50 {p50:.2f} "
           f"p99 {pct(tt, 99):.2f}; / lmcache-disk: mean {mean / ld['ttft_mean_s']:.2f} "
           f"p50 {p50 / ld['ttft_p50_s']:.2f}")
+
+    for c in r["configs"]:
+        if not c["ok"] or not c["batches"]:
+            continue
+        out = []
+        for modeled in (False, True):
+            clock, first, tt = 0.0, 0, []
+            for b in c["batches"]:
+                qs = c["requests"][first:first + b["requests"]]
+                first += b["requests"]
+                prefill = b["new_tokens"] / c["prefill_tokens_per_s"] if modeled \
+                    else b["prefill_s"]
+                clock = max(clock, qs[0]["arrival_s"]) + b["storage_s"] + prefill
+                tt += [clock - q["arrival_s"] for q in qs]
+            out.append(f"{pct(tt, 50) / c['ttft_p50_s'] - 1:+.0%}")
+        per_k = [round(b["prefill_s"] / max(b["new_tokens"], 1) * 1e3, 3) for b in c["batches"]]
+        print(f"{c['name']:14s} p50 rebuilt from its batches {out[0]}, with kvsim's prefill "
+              f"model {out[1]}; prefill s per 1k new tokens by batch {per_k}")
 
 
 if __name__ == "__main__":
