@@ -78,7 +78,6 @@ def engine_of(request, tier_dirs):
         engines.append(e)
         return e
 
-    make.mode = request.param  # type: ignore[attr-defined]
     yield make
     for e in engines:
         e.close()

@@ -43,7 +43,7 @@ def fill(root: str, keys: list[str], size: int) -> None:
     for i, k in enumerate(keys):
         buf.view[:size] = (i.to_bytes(8, "little") + os.urandom(56)) * (size // 64)
         assert e.write(k, buf, size, b"m")
-        assert e.flush(600)
+        assert e.flush(600)  # one buffer for every chunk: written before it is refilled
     e.close()
     buf.release()
 
