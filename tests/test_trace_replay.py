@@ -103,3 +103,34 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     assert hits > 0  # the segment has cached prefixes: retrieval (and its checksums) happened
     assert set(rep["limits_gbps"]) == {"disk", "shm"} and rep["h2d_gbps"] > 0
     assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_stand_in_attention_matches_transformers_over_a_cached_prefix(monkeypatch):
+    """The stand-in's lower-right causal attention gives what transformers' own SDPA path (with
+    its explicit mask) gives for new tokens over a cached prefix, and what one uncached forward
+    of prefix + new tokens gives at those positions; on the CPU, a tiny model."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvstream_backend.bench import replay_worker as rw
+
+    monkeypatch.setattr(rw, "_dev", lambda: torch.device("cpu"))
+    m = rw.ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128,
+                      vocab=256)
+    ours, theirs = rw._model(m), rw._model(m, attention="sdpa")  # same seed, same weights
+    ids = torch.randint(0, m.vocab, (1, 48), generator=torch.Generator().manual_seed(1))
+    p = 40
+
+    def hidden(model, cached: bool):
+        with torch.inference_mode():
+            if not cached:
+                return model.model(input_ids=ids).last_hidden_state[:, p:]
+            cache = DynamicCache()
+            model.model(input_ids=ids[:, :p], past_key_values=cache, use_cache=True)
+            pos = torch.arange(p, ids.shape[1]).unsqueeze(0)
+            return model.model(input_ids=ids[:, p:], past_key_values=cache, position_ids=pos,
+                               use_cache=True).last_hidden_state
+
+    ref = hidden(theirs, cached=True).float()
+    for got in (hidden(ours, cached=True), hidden(ours, cached=False), hidden(theirs, False)):
+        assert torch.allclose(got.float(), ref, atol=3e-2, rtol=3e-2), (got - ref).abs().max()
