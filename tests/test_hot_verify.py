@@ -85,7 +85,7 @@ def engine_of(request, tier_dirs):
 
 @pytest.mark.parametrize("at", [0, PIECE - 1, PIECE, 2 * PIECE + 3, SIZE - 1])
 def test_a_flipped_byte_anywhere_is_caught_and_the_other_tier_serves(tier_dirs, engine_of, at):
-    e = engine_of(tier_dirs)
+    e = engine_of(tier_dirs[::-1])  # the tmpfs tier first: its reads are hashed as they land
     write_all(e, ["victim", "other"], SIZE)
     t0 = e.tiers[0]
     with open(t0.chunk_path(fmt.key_digest("victim")), "r+b") as f:
@@ -98,7 +98,7 @@ def test_a_flipped_byte_anywhere_is_caught_and_the_other_tier_serves(tier_dirs, 
 
 
 def test_scattered_buffers_are_hashed_in_payload_order(tier_dirs, engine_of):
-    e = engine_of(tier_dirs[:1])
+    e = engine_of(tier_dirs[1:])  # tmpfs
     write_all(e, ["k"], SIZE)
     info = e.lookup("k")
     assert info is not None
@@ -112,3 +112,35 @@ def test_scattered_buffers_are_hashed_in_payload_order(tier_dirs, engine_of):
     for p in parts:
         p.release()
 
+
+
+class RecordingQueue(ThreadQueue):
+    """The thread path, noting for each read whether it carried a hasher."""
+
+    hashed: dict[str, list[bool]] = {}
+
+    def __init__(self, depth: int, threads: int, waker: Waker, name: str) -> None:
+        super().__init__(depth, threads, waker, name)
+        self._name = name
+
+    def submit(self, op: IoOp) -> bool:
+        if not op.write:
+            self.hashed.setdefault(self._name, []).append(op.hasher is not None)
+        return super().submit(op)
+
+
+def test_only_reads_from_memory_are_hashed_piece_by_piece(tier_dirs):
+    if files.fs_type(tier_dirs[0]) in files.MEMORY_FS:
+        pytest.skip("the temporary directory is memory-backed here: no device tier to compare")
+    RecordingQueue.hashed = {}
+    e = Engine(engine_config(tier_dirs, static_split=0.5),
+               queue_factory=lambda k, d, t, w, n: RecordingQueue(d, t, w, n))
+    try:
+        keys = [f"k{i}" for i in range(8)]
+        write_all(e, keys, SIZE)
+        check_all(e, keys, SIZE)
+    finally:
+        e.close()
+    # t0 on the local disk (DMA: pieces would serialize it), t1 on tmpfs (a copy from memory)
+    assert set(RecordingQueue.hashed["t0-r"]) == {False}
+    assert set(RecordingQueue.hashed["t1-r"]) == {True}

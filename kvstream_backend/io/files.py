@@ -10,6 +10,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import socket
 import stat
 import uuid
@@ -30,6 +31,32 @@ def open_read(path: str, direct: bool) -> int:
         os.close(fd)
         raise OSError(errno.EISDIR, "not a regular file", path)
     return fd
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+MEMORY_FS = frozenset({"tmpfs", "ramfs"})  # every read is a copy out of memory
+
+
+def fs_type(path: str) -> str:
+    """The type of the file system ``path`` is on (``tmpfs``, ``ext4``, ``fuse.glusterfs``...),
+    from the longest mount point above it in ``/proc/self/mountinfo`` (the last mounted, where
+    several share it); "" if unknown."""
+    target = os.path.realpath(path)
+    best, kind = -1, ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if "-" not in fields[6:]:
+                    continue
+                sep = fields.index("-", 6)
+                point = _OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4])  # "\040": space
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= best and sep + 1 < len(fields):
+                    best, kind = len(point), fields[sep + 1]
+    except OSError:
+        return ""
+    return kind
 
 
 def read_head(path: str, n: int, direct: bool) -> bytes:

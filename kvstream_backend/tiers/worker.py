@@ -74,6 +74,10 @@ class TierWorker:
         em = tier.cfg.emulate
         self._rthrottle = tier_throttle(em, index, write=False) if em else None
         self._wthrottle = tier_throttle(em, index, write=True) if em else None
+        # checksum each piece as it lands only where a read is a copy out of memory: on a
+        # device (DMA) or a network file system (FUSE) the pieces serialize the transfer
+        self._hash_reads = (cfg.verify_checksums and self.rq.hashes_reads
+                            and files.fs_type(tier.root) in files.MEMORY_FS)
         self._inbox: collections.deque[Job] = collections.deque()
         self._files = Workers(cfg.io_threads, f"kvs-{tier.name}-f")
         # file steps done: the tier thread's continuation and its argument
@@ -176,8 +180,7 @@ class TierWorker:
             self._read_failed(job, e.errno or errno.EIO)
             self._read_done(job)
             return
-        self._submit(copies.read_op(job, fd, self.direct,
-                                    self._cfg.verify_checksums and self.rq.hashes_reads))
+        self._submit(copies.read_op(job, fd, self.direct, self._hash_reads))
 
     def _reaped(self, op: IoOp, throttle: Throttle | None) -> None:
         if not op.write:  # a copy's file is closed with its publication (file threads)
