@@ -102,6 +102,10 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     assert any(n.startswith("kvstream's tiers filled in") for n in rep["notes"])
     assert hits > 0  # the segment has cached prefixes: retrieval (and its checksums) happened
     assert set(rep["limits_gbps"]) == {"disk", "shm"} and rep["h2d_gbps"] > 0
+    # the limits are sampled after the fill and after the last phase; kvsim gets the best
+    samples = rep["limit_samples_gbps"]
+    assert {k: len(v) for k, v in samples.items()} == {"disk": 2, "shm": 2}
+    assert rep["limits_gbps"] == {k: max(v) for k, v in samples.items()}
     assert (tmp_path / "r.png").stat().st_size > 0
 
 

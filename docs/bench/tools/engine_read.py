@@ -7,6 +7,8 @@ checksums, and the engine without. Every engine read is one lookup-time read of 
 (``lookup_and_pin`` with ``read=``), then every handle taken and demanded, as LMCache's order
 gives it. Prints GB/s per round and the ratios to the plain limit. KVS_OPTS (a JSON object) adds
 ``kvstream.*`` keys, KVS_TIER_OPTS keys of the tier (for example ``{"io": "uring"}``).
+KVS_VARIANTS (a JSON list of ``[label, kvstream keys, tier keys, hash piece bytes or null]``)
+replaces the two engine reads with those variants, each read once per round on the same files.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ import time
 from kvstream_backend.bench.plain import best_read
 from kvstream_backend.config import parse_config
 from kvstream_backend.engine import Engine
-from kvstream_backend.io import files
+from kvstream_backend.io import files, threads
 from kvstream_backend.io.memory import AlignedBuffer
 from kvstream_backend.tiers.tier import SUFFIX
 
 
-def config(root: str, **kw: object):
+def config(root: str, tier_opts: dict | None = None, **kw: object):
     tier = {"name": "t", "path": root, "max_size_gb": 64,
-            **json.loads(os.environ.get("KVS_TIER_OPTS", "{}"))}
+            **json.loads(os.environ.get("KVS_TIER_OPTS", "{}")), **(tier_opts or {})}
     d = {"kvstream.tiers": [tier],
          "kvstream.prefetch_max_gb": 64, "kvstream.staging_budget_mb": 16384}
     d.update({f"kvstream.{k}": v for k, v in kw.items()})
@@ -49,8 +51,8 @@ def fill(root: str, keys: list[str], size: int) -> None:
 
 
 def engine_read(root: str, keys: list[str], size: int, pool: list[AlignedBuffer],
-                **kw: object) -> float:
-    e = Engine(config(root, **kw))
+                tier_opts: dict | None = None, **kw: object) -> float:
+    e = Engine(config(root, tier_opts, **kw))
     e.wait_warm(60)
     free = list(pool)
     files.drop_caches()
@@ -79,13 +81,19 @@ def main() -> None:
     for b in pool:
         b.view[::4096] = b"x" * len(b.view[::4096])  # touched once, as LMCache's pool is
     cores = os.cpu_count() or 1
+    variants = json.loads(os.environ.get("KVS_VARIANTS", "null")) or [
+        ["checksums on", {}, {}, None], ["off", {"verify_checksums": False}, {}, None]]
+    default_piece = threads.HASH_PIECE
     for r in range(rounds):
         limit, rates = best_read(paths, cores, files.drop_caches)
-        on = engine_read(root, keys, size, pool)
-        off = engine_read(root, keys, size, pool, verify_checksums=False)
         per = " ".join(f"{t}:{v / 1e9:.1f}" for t, v in rates.items())
-        print(f"round {r}: plain {limit / 1e9:.2f} GB/s ({per}); engine checksums on {on:.2f} "
-              f"({on / limit * 1e9:.2f}x), off {off:.2f} ({off / limit * 1e9:.2f}x)", flush=True)
+        got = []
+        for label, opts, tier_opts, piece in variants:
+            threads.HASH_PIECE = piece or default_piece
+            v = engine_read(root, keys, size, pool, tier_opts, **opts)
+            got.append(f"{label} {v:.2f} ({v / limit * 1e9:.2f}x)")
+        print(f"round {r}: plain {limit / 1e9:.2f} GB/s ({per}); engine " + ", ".join(got),
+              flush=True)
     for b in pool:
         b.release()
     shutil.rmtree(root, ignore_errors=True)
