@@ -144,3 +144,25 @@ def test_only_reads_from_memory_are_hashed_piece_by_piece(tier_dirs):
     # t0 on the local disk (DMA: pieces would serialize it), t1 on tmpfs (a copy from memory)
     assert set(RecordingQueue.hashed["t0-r"]) == {False}
     assert set(RecordingQueue.hashed["t1-r"]) == {True}
+
+
+def test_a_memory_tier_on_the_thread_path_reads_with_a_reader_per_core(tier_dirs, monkeypatch):
+    """A read from tmpfs is a CPU copy: its tier gets max(io_threads, cores) readers; a tier on a
+    device keeps io_threads (its reads wait on the device), and writes keep io_threads."""
+    if files.memory_backed(tier_dirs[0]) or not files.memory_backed(tier_dirs[1]):
+        pytest.skip("needs the temporary directory on a device and /dev/shm on tmpfs")
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    queues: dict[str, ThreadQueue] = {}
+
+    def factory(kind: str, depth: int, threads: int, waker: Waker, name: str) -> ThreadQueue:
+        queues[name] = ThreadQueue(depth, threads, waker, name)
+        return queues[name]
+
+    e = Engine(engine_config(tier_dirs), queue_factory=factory)
+    try:
+        write_all(e, ["k"], SIZE)
+        check_all(e, ["k"], SIZE)
+    finally:
+        e.close()
+    readers = {n: len(q._pool._threads) for n, q in queues.items()}
+    assert readers == {"t0-r": 4, "t0-w": 4, "t1-r": 7, "t1-w": 4}

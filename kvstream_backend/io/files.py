@@ -59,6 +59,12 @@ def fs_type(path: str) -> str:
     return kind
 
 
+def memory_backed(path: str) -> bool:
+    """Whether ``path`` is on a file system in memory (tmpfs, ramfs): a read there is a copy
+    by the CPU that runs it, so it scales with cores, not with a device's queue."""
+    return fs_type(path) in MEMORY_FS
+
+
 def read_head(path: str, n: int, direct: bool) -> bytes:
     """The first ``n`` (aligned) bytes of a chunk file, without readahead or cache pollution."""
     fd = open_read(path, direct)

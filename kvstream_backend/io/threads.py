@@ -5,11 +5,12 @@ A read that carries a hasher is read in pieces of :data:`HASH_PIECE` bytes, each
 same thread right after it lands, from its cache. Hashed after the whole chunk (16-32 MiB, past
 any core's cache) the checksum is one more pass over memory: on a 2-core machine's tmpfs the
 engine read a median 0.79x of the plain reader that way and 0.87x hashing each piece. Each
-piece costs two GIL hand-offs, so this pays with a few reader threads (``io_threads``), not
-with one per core: 16 such threads on a 16-core host read tmpfs at 0.54-0.59x, where io_uring
-with the verify threads reads it at 0.62-0.67x. It pays only where a read is a copy out of
-memory: on GlusterFS (FUSE) the pieces serialized the round trips, 0.55-0.62 GB/s against
-0.69-0.73 for one read per chunk, so tier workers ask for it on tmpfs and ramfs only.
+piece costs two GIL hand-offs, which caps it on many cores: on a 16-core host, tmpfs read with
+one such reader per core (what a memory-backed tier gets on this path) at 0.54-0.71x, with the
+default 4 at 0.30x, and io_uring with the verify threads at 0.62-0.69x, so io_uring stays first.
+It pays only where a read is a copy out of memory: on GlusterFS (FUSE) the pieces serialized
+the round trips, 0.55-0.62 GB/s against 0.69-0.73 for one read per chunk, so tier workers ask
+for it on tmpfs and ramfs only.
 """
 
 from __future__ import annotations

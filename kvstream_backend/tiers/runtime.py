@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from ..config import KVStreamConfig, TierConfig
+from ..io import files
 from ..io.ops import IoQueue, Waker
 from ..io.probe import IoPath, QueueFactory, probe
 from ..io.threads import Workers
@@ -73,8 +74,15 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
                 negative_ms=cfg.negative_cache_ms)
 
     def make_worker(path: IoPath) -> TierWorker:
+        readers = cfg.io_threads
+        if path.kind == "threads" and files.memory_backed(tier.root):
+            # a read from memory is a copy by its reader thread (which also hashes it): one
+            # reader per core (on a 16-core host, tmpfs with 4 readers: 0.30x the plain limit;
+            # with 8: 0.53x; with 16: 0.54-0.71x; docs/benchmarks.md)
+            readers = max(readers, os.cpu_count() or 1)
+
         def make(waker: Waker) -> tuple[IoQueue, IoQueue]:
-            rq = queues(path.kind, cfg.read_queue_depth, cfg.io_threads, waker, f"{tc.name}-r")
+            rq = queues(path.kind, cfg.read_queue_depth, readers, waker, f"{tc.name}-r")
             try:
                 wq = queues(path.kind, cfg.write_queue_depth, cfg.io_threads, waker,
                             f"{tc.name}-w")

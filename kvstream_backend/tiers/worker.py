@@ -77,7 +77,7 @@ class TierWorker:
         # checksum each piece as it lands only where a read is a copy out of memory: on a
         # device (DMA) or a network file system (FUSE) the pieces serialize the transfer
         self._hash_reads = (cfg.verify_checksums and self.rq.hashes_reads
-                            and files.fs_type(tier.root) in files.MEMORY_FS)
+                            and files.memory_backed(tier.root))
         self._inbox: collections.deque[Job] = collections.deque()
         self._files = Workers(cfg.io_threads, f"kvs-{tier.name}-f")
         # file steps done: the tier thread's continuation and its argument
