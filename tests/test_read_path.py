@@ -7,6 +7,7 @@ import pytest
 
 from kvstream_backend.engine import Engine, ReadRequest
 from kvstream_backend.io.memory import AlignedBuffer
+from kvstream_backend.tiers import copies
 
 from .conftest import engine_config
 from .fakes import Control
@@ -50,10 +51,19 @@ def _key_of(op) -> str:
     return op.ctx.handle.key
 
 
-def test_a_blocked_submit_on_one_tier_does_not_stall_the_other(controlled):
+def test_a_blocked_submit_on_one_tier_does_not_stall_the_other(controlled, monkeypatch):
     """Tier 1's first read submit blocks (as an inline-issuing FUSE submit does); tier 0 still
     claims, reads and reaps, and hedges tier 1's claims: the whole pool is delivered while
-    tier 1 is still stuck in that one submit call."""
+    tier 1 is still stuck in that one submit call. Tier 1's copies, landing after that, are
+    not verified: they can no longer be served."""
+    checked: list[int] = []
+    check_read = copies.check_read
+
+    def counting(job, *a):
+        checked.append(job.tier)
+        check_read(job, *a)
+
+    monkeypatch.setattr(copies, "check_read", counting)
     ctl = Control()
     release = ctl.block_submit("t1-r")
     e = controlled(ctl, claim_batch=2, read_window=4)
@@ -76,6 +86,8 @@ def test_a_blocked_submit_on_one_tier_does_not_stall_the_other(controlled):
     assert rep.chunks == 16 and rep.misses == 0
     assert rep.tiers[0].chunks == 16 and rep.tiers[1].chunks == 0
     assert rep.tiers[0].hedged_bytes > 0  # tier 1's claims were re-read by tier 0
+    assert e.stats().tiers[1].read_bytes > 0  # tier 1's claims were read once released ...
+    assert checked.count(0) == 16 and 1 not in checked  # ... and dropped unverified
 
 
 def test_lookups_are_the_steps_pool_and_released_ones_are_never_read(controlled):

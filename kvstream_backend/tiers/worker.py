@@ -207,6 +207,12 @@ class TierWorker:
             self._read_failed(job, -op.result)
             self._read_done(job)
             return
+        if job.handle.done() or job.handle.abandoned:
+            # another copy was delivered first (a hedge), or nobody waits any more: this copy
+            # cannot be served (the read pool drops it), so it is not verified, saving a pass
+            # over its memory on the CPUs the winning tier reads with
+            self._read_done(job)
+            return
         if op.hasher is not None:
             job.payload_xxh = op.hasher.intdigest()
         if job.payload_xxh is not None and job.bounce is None:
