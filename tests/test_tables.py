@@ -49,14 +49,18 @@ def test_the_gpu_bench_table() -> None:
     _check(_render(render, rep), [c.name for c in rep.configs])
 
 
-def test_the_trace_replay_table() -> None:
+@pytest.mark.parametrize("raw", ["replay-h200-run1.json", "replay-h100-run4.json"])
+def test_the_trace_replay_table(raw: str) -> None:
+    """A report of every vintage renders (run 1 predates the limit samples, run 4 has them)."""
     from kvstream_backend.bench.replay import ReplayReport, render
 
-    rep = msgspec.json.decode((DOCS / "replay-h200-run1.json").read_bytes(), type=ReplayReport)
+    rep = msgspec.json.decode((DOCS / raw).read_bytes(), type=ReplayReport)
     rep.configs[1].ok, rep.configs[1].error = False, "RuntimeError: " + "a long reason " * 12
     out = _render(render, rep)
     _check(out, [c.name for c in rep.configs if c.ok])
     assert f"{rep.configs[1].name} failed: RuntimeError" in out
+    for v in rep.limit_samples_gbps.values():  # the samples kvsim's limit was the best of
+        assert " / ".join(f"{x:.2f}" for x in v) in " ".join(out.split())
 
 
 def test_the_hicache_table() -> None:

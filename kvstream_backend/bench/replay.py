@@ -72,11 +72,13 @@ class ReplayReport(msgspec.Struct):
     model: ModelShape
     dry_run: bool
     limits_gbps: dict[str, float]  # each tier's best sample: what kvsim is fed
-    limit_samples_gbps: dict[str, list[float]]  # after the fill, after the last phase
     h2d_gbps: float
     configs: list[ConfigResult]
     targets: list[dict[str, Any]]
     notes: list[str]
+    # each tier's samples, after the fill and after the last phase (reports before 2026-12-05
+    # evening have none)
+    limit_samples_gbps: dict[str, list[float]] = {}
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -242,8 +244,8 @@ class ReplayBench:
             if cpu is not None and cpu.ok else 0.0
         self._predict(results, g, h2d)
         return ReplayReport(p.trace, p.start, len(p.requests), p.time_scale, p.token_budget,
-                            self.model, DRY, self.limits, self.limit_samples, h2d, results,
-                            self._targets(by), self.notes)
+                            self.model, DRY, self.limits, h2d, results,
+                            self._targets(by), self.notes, self.limit_samples)
 
     def _checkpoint(self, results: list[ConfigResult], g: float) -> None:
         """The report so far, to ``--json`` (a run cut short keeps what it measured)."""
@@ -346,7 +348,8 @@ def render(rep: ReplayReport, console: Any) -> None:
     console.print("limits (plain O_DIRECT reader; the best of the samples after the fill and "
                   "after the last phase): "
                   + ", ".join(f"{k} {v:.2f} GB/s ("
-                              + " / ".join(f"{x:.2f}" for x in rep.limit_samples_gbps[k]) + ")"
+                              + " / ".join(f"{x:.2f}"
+                                           for x in rep.limit_samples_gbps.get(k, [v])) + ")"
                               for k, v in rep.limits_gbps.items())
                   + f"; host->GPU {rep.h2d_gbps:.1f} GB/s (lmcache-cpu's retrieval); read "
                   "in this run: " + ", ".join(f"{r.name} {r.run_gbps:.2f} GB/s"
