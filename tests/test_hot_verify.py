@@ -4,6 +4,7 @@ verdicts, for payloads across piece boundaries, scattered buffers and damaged co
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -12,7 +13,7 @@ import xxhash
 from kvstream_backend import format as fmt
 from kvstream_backend.engine import Engine, ReadRequest
 from kvstream_backend.handles import Regions
-from kvstream_backend.io import files
+from kvstream_backend.io import files, threads
 from kvstream_backend.io.memory import AlignedBuffer
 from kvstream_backend.io.ops import IoOp, Waker
 from kvstream_backend.io.threads import HASH_PIECE, ThreadQueue, transfer
@@ -24,6 +25,18 @@ PIECE = HASH_PIECE
 PAGE = fmt.ALIGN
 
 
+@pytest.fixture(params=["native", "python"])
+def hash_loop(request, monkeypatch):
+    """The read-and-hash loop: in C where the package was built with it (``_kvstream_native``,
+    which the tox environments install), else in Python; both are checked."""
+    if request.param == "native":
+        native = pytest.importorskip("_kvstream_native", reason="built without a C compiler")
+        monkeypatch.setattr(threads, "_native", native)
+    else:
+        monkeypatch.setattr(threads, "_native", None)
+    return request.param
+
+
 @pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("seg_sizes, span, file_len", [
     ([PAGE, 3 * PIECE + 2 * PAGE], (PAGE, PAGE + 3 * PIECE + 1000), None),  # header + payload
@@ -31,8 +44,8 @@ PAGE = fmt.ALIGN
     ([PAGE, 2 * PIECE], (0, 2 * PIECE + PAGE), None),                      # all of it
     ([PAGE, 3 * PIECE], (PAGE, PAGE + 3 * PIECE), PAGE + PIECE + 2 * PAGE),  # file ends early
 ])
-def test_a_hashed_read_feeds_exactly_its_span_in_order(tmp_path, direct, seg_sizes, span,
-                                                       file_len):
+def test_a_hashed_read_feeds_exactly_its_span_in_order(tmp_path, hash_loop, direct, seg_sizes,
+                                                       span, file_len):
     total = sum(seg_sizes)
     data = os.urandom(file_len or total)
     path = str(tmp_path / "f")
@@ -42,7 +55,6 @@ def test_a_hashed_read_feeds_exactly_its_span_in_order(tmp_path, direct, seg_siz
     fd = files.open_read(path, direct)
     try:
         op = IoOp(fd, [(b.addr, n) for b, n in zip(bufs, seg_sizes, strict=True)], 0, False, None)
-        op.hasher = xxhash.xxh3_64()
         op.hash_span = span
         transfer(op)
     finally:
@@ -51,7 +63,21 @@ def test_a_hashed_read_feeds_exactly_its_span_in_order(tmp_path, direct, seg_siz
     got = b"".join(bytes(b.view[:n]) for b, n in zip(bufs, seg_sizes, strict=True))
     assert got[:len(data)] == data
     lo, hi = span
-    assert op.hasher.intdigest() == xxhash.xxh3_64_intdigest(data[lo:min(hi, len(data))])
+    assert op.digest == xxhash.xxh3_64_intdigest(data[lo:min(hi, len(data))])
+
+
+def test_a_failed_hashed_read_reports_its_errno(tmp_path, hash_loop):
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(os.urandom(PIECE))
+    buf = AlignedBuffer(PIECE)
+    fd = files.open_read(path, False)
+    os.close(fd)  # the read gets EBADF
+    op = IoOp(fd, [(buf.addr, PIECE)], 0, False, None)
+    op.hash_span = (0, PIECE)
+    transfer(op)
+    buf.release()
+    assert op.result == -errno.EBADF
 
 
 class ColdQueue(ThreadQueue):
@@ -84,7 +110,8 @@ def engine_of(request, tier_dirs):
 
 
 @pytest.mark.parametrize("at", [0, PIECE - 1, PIECE, 2 * PIECE + 3, SIZE - 1])
-def test_a_flipped_byte_anywhere_is_caught_and_the_other_tier_serves(tier_dirs, engine_of, at):
+def test_a_flipped_byte_anywhere_is_caught_and_the_other_tier_serves(tier_dirs, engine_of,
+                                                                    hash_loop, at):
     e = engine_of(tier_dirs[::-1])  # the tmpfs tier first: its reads are hashed as they land
     write_all(e, ["victim", "other"], SIZE)
     t0 = e.tiers[0]
@@ -97,7 +124,7 @@ def test_a_flipped_byte_anywhere_is_caught_and_the_other_tier_serves(tier_dirs, 
     assert e.stats().tiers[0].quarantined == {"bad-payload-checksum": 1}
 
 
-def test_scattered_buffers_are_hashed_in_payload_order(tier_dirs, engine_of):
+def test_scattered_buffers_are_hashed_in_payload_order(tier_dirs, engine_of, hash_loop):
     e = engine_of(tier_dirs[1:])  # tmpfs
     write_all(e, ["k"], SIZE)
     info = e.lookup("k")
@@ -125,7 +152,7 @@ class RecordingQueue(ThreadQueue):
 
     def submit(self, op: IoOp) -> bool:
         if not op.write:
-            self.hashed.setdefault(self._name, []).append(op.hasher is not None)
+            self.hashed.setdefault(self._name, []).append(op.hash_span is not None)
         return super().submit(op)
 
 
@@ -166,3 +193,20 @@ def test_a_memory_tier_on_the_thread_path_reads_with_a_reader_per_core(tier_dirs
         e.close()
     readers = {n: len(q._pool._threads) for n, q in queues.items()}
     assert readers == {"t0-r": 4, "t0-w": 4, "t1-r": 7, "t1-w": 4}
+
+
+def test_a_memory_tier_takes_the_native_loop_first_where_it_is_built(tier_dirs):
+    """With the native read-and-hash loop built, a tmpfs tier in ``io: auto`` takes the thread
+    path first (on 16 cores: 0.85x of the plain limit against io_uring's 0.64-0.66x); a tier
+    on a device keeps io_uring first."""
+    if not threads.NATIVE:
+        pytest.skip("the package was built without _kvstream_native (no C compiler)")
+    if files.memory_backed(tier_dirs[0]) or not files.memory_backed(tier_dirs[1]):
+        pytest.skip("needs the temporary directory on a device and /dev/shm on tmpfs")
+    e = Engine(engine_config(tier_dirs))
+    try:
+        disk, shm = e.stats().tiers
+    finally:
+        e.close()
+    assert shm.io == "threads" and "native loop" in shm.io_reason
+    assert "native loop" not in disk.io_reason

@@ -9,14 +9,6 @@ from typing import Any, Protocol
 from .memory import Segment
 
 
-class Hasher(Protocol):
-    """A streaming digest (``xxhash.xxh3_64`` and the like): fed in order, read at the end."""
-
-    def update(self, data: memoryview, /) -> None: ...
-
-    def intdigest(self) -> int: ...
-
-
 class IoOp:
     """One positional vectored read or write of ``length`` bytes at ``offset`` of ``fd``.
 
@@ -25,14 +17,14 @@ class IoOp:
     transfers themselves; when an op is handed back, ``result`` is the number of bytes moved
     (less than ``length`` only at end of file) or ``-errno``. ``ctx`` belongs to the submitter.
 
-    A read may carry a ``hasher`` and ``hash_span`` ``(start, end)``, byte positions within the
-    op: a queue whose ``hashes_reads`` is True feeds it exactly the bytes of that span that
-    landed, in order, on the thread that moved them, while they are still in that core's cache
-    (others leave it unfed, and the submitter hashes the memory afterwards).
+    A read may carry a ``hash_span`` ``(start, end)``, byte positions within the op: a queue
+    whose ``hashes_reads`` is True sets ``digest`` to the XXH3-64 of exactly the bytes of that
+    span that landed, hashed on the thread that moved them while they are still in that core's
+    cache (others leave ``digest`` None, and the submitter hashes the memory afterwards).
     """
 
     __slots__ = ("fd", "segs", "offset", "length", "write", "done", "result", "ctx", "t_submit",
-                 "hasher", "hash_span")
+                 "hash_span", "digest")
 
     def __init__(
         self, fd: int, segs: list[Segment], offset: int, write: bool, ctx: Any
@@ -46,8 +38,8 @@ class IoOp:
         self.result = 0
         self.ctx = ctx
         self.t_submit = 0.0
-        self.hasher: Hasher | None = None
-        self.hash_span = (0, 0)
+        self.hash_span: tuple[int, int] | None = None
+        self.digest: int | None = None
 
     def remaining(self) -> tuple[list[Segment], int]:
         """The segments and file offset still to transfer after ``done`` bytes."""
@@ -85,8 +77,8 @@ class IoQueue(Protocol):
     ``submit`` queues an op and returns False when the queue is at its depth; ``flush`` hands
     queued ops to the kernel or workers; ``reap`` returns finished ops (never blocking) and
     the queue signals the shared :class:`Waker` whenever more may be reaped. ``inflight`` is
-    the number of submitted, unreaped ops. ``hashes_reads``: the queue feeds a read's
-    ``hasher`` (see :class:`IoOp`).
+    the number of submitted, unreaped ops. ``hashes_reads``: the queue sets a read's
+    ``digest`` (see :class:`IoOp`).
     """
 
     kind: str

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..format import ALIGN
-from . import files
+from . import files, threads
 from .memory import AlignedBuffer
 from .ops import IoOp, IoQueue, Waker
 from .threads import ThreadQueue
@@ -172,6 +172,13 @@ def probe(directory: str, io_mode: str, direct_mode: str, mode: int) -> IoPath:
     Raises ``OSError`` only when no combination works (the directory itself is unusable).
     """
     kinds = ["uring", "threads"] if io_mode == "auto" else [io_mode]
+    first = "first choice"
+    if io_mode == "auto" and threads.NATIVE and files.memory_backed(directory):
+        # a read from memory is a CPU copy: one native loop that copies and hashes each piece
+        # in cache reads tmpfs at 0.85x of the plain limit on 16 cores, io_uring with the
+        # verify threads' second pass at 0.64-0.66x (docs/benchmarks.md)
+        kinds = ["threads", "uring"]
+        first = "first choice: in memory, read and hashed in one native loop"
     directs = {"auto": [True, False], "on": [True], "off": [False]}[direct_mode]
     failures: list[str] = []
     for kind in kinds:
@@ -181,7 +188,7 @@ def probe(directory: str, io_mode: str, direct_mode: str, mode: int) -> IoPath:
             except Exception as e:  # noqa: BLE001 - any failure just rules the combination out
                 failures.append(f"{kind}{'+direct' if direct else ''}: {e}")
                 continue
-            why = "; ".join(failures) if failures else "first choice"
+            why = "; ".join(failures) if failures else first
             inline = "n/a: a thread pool issues each op on its own worker thread"
             if kind == "uring":
                 try:

@@ -1,14 +1,19 @@
-"""Thread-pool queue: ``os.preadv``/``os.pwritev`` for tiers where io_uring is unavailable; and
-the daemon worker threads that it and a tier's file steps run on.
+"""Thread-pool queue: ``os.preadv``/``os.pwritev`` for tiers where io_uring is unavailable (and
+for memory-backed tiers where the native loop is built); and the daemon worker threads that it
+and a tier's file steps run on.
 
-A read that carries a hasher is read in pieces of :data:`HASH_PIECE` bytes, each hashed by the
+A read that carries a ``hash_span`` is read in pieces of :data:`HASH_PIECE` bytes, each hashed by the
 same thread right after it lands, from its cache. Hashed after the whole chunk (16-32 MiB, past
 any core's cache) the checksum is one more pass over memory: on a 2-core machine's tmpfs the
 engine read a median 0.79x of the plain reader that way and 0.87x hashing each piece. Each
-piece costs two GIL hand-offs, which caps it on many cores: on a 16-core host, tmpfs read with
-one such reader per core (what a memory-backed tier gets on this path) at 0.54-0.71x, with the
-default 4 at 0.30x, and io_uring with the verify threads at 0.62-0.69x, so io_uring stays first.
-It pays only where a read is a copy out of memory: on GlusterFS (FUSE) the pieces serialized
+piece costs two GIL hand-offs in Python, which caps it on many cores: on a 16-core host, tmpfs
+read with one such reader per core (what a memory-backed tier gets on this path) at 0.54-0.71x,
+with the default 4 at 0.30x, and io_uring with the verify threads at 0.62-0.69x. Where
+``_kvstream_native`` is built (:data:`NATIVE`), the whole read and its hashing run in one C
+loop without the GIL: 0.85-0.86x on that host, so memory-backed tiers take this path first
+there (:func:`kvstream_backend.io.probe.probe`).
+
+Hashing while reading pays only where a read is a copy out of memory: on GlusterFS (FUSE) the pieces serialized
 the round trips, 0.55-0.62 GB/s against 0.69-0.73 for one read per chunk, so tier workers ask
 for it on tmpfs and ramfs only.
 """
@@ -21,10 +26,28 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+import xxhash
+
 from .memory import exporter
-from .ops import Hasher, IoOp, Waker
+from .ops import IoOp, Waker
+
+
+def _load_native() -> ModuleType | None:
+    """The read-and-hash loop in C (``setup.py`` builds it where a compiler is found)."""
+    try:
+        import _kvstream_native
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+    return _kvstream_native
+
+
+_native = _load_native()
+NATIVE = _native is not None
+"""Whether a hashed read runs in one native loop without the GIL (else in Python, piece by
+piece, two GIL hand-offs per piece)."""
 
 log = logging.getLogger("kvstream")
 
@@ -71,8 +94,8 @@ class Workers:
 def transfer(op: IoOp) -> None:
     """Move all of ``op`` (looping over short transfers); set ``op.result``."""
     try:
-        if op.hasher is not None and not op.write:
-            _read_hashing(op, op.hasher)
+        if op.hash_span is not None and not op.write:
+            _read_hashing(op, op.hash_span)
         while op.done < op.length:
             segs, offset = op.remaining()
             views = [exporter(s) for s in segs]
@@ -85,10 +108,26 @@ def transfer(op: IoOp) -> None:
         op.result = -(e.errno or 5)
 
 
-def _read_hashing(op: IoOp, hasher: Hasher) -> None:
-    """Read ``op`` piece by piece, feeding ``hasher`` each piece's share of ``op.hash_span`` as
-    soon as it lands. Returns at end of file or after the last segment (``op.done`` counts)."""
-    lo, hi = op.hash_span
+def _read_hashing(op: IoOp, span: tuple[int, int]) -> None:
+    """Read ``op`` piece by piece, hashing each piece's share of ``span`` as soon as it lands;
+    set ``op.digest``. Returns at end of file or after the last segment (``op.done`` counts).
+    With :data:`NATIVE` the loop runs in C without the GIL, else here."""
+    lo, hi = span
+    if _native is not None:
+        moved, op.digest, err = _native.read_hashed(op.fd, op.segs, op.offset, lo, hi,
+                                                    HASH_PIECE)
+        op.done += moved
+        if err:
+            raise OSError(err, os.strerror(err))
+        return
+    hasher = xxhash.xxh3_64()
+    try:
+        _read_hashing_here(op, lo, hi, hasher)
+    finally:
+        op.digest = hasher.intdigest()
+
+
+def _read_hashing_here(op: IoOp, lo: int, hi: int, hasher: xxhash.xxh3_64) -> None:
     pos = 0  # op position of the segment's first byte
     for addr, n in op.segs:
         view = exporter((addr, n))

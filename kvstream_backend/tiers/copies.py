@@ -15,8 +15,6 @@ import errno
 import os
 from collections.abc import Callable
 
-import xxhash
-
 from .. import format as fmt
 from ..handles import Segment, payload_views, segments
 from ..io import files
@@ -36,8 +34,8 @@ def aligned(segs: list[Segment]) -> bool:
 def read_op(job: ReadJob, fd: int, direct: bool, hash_payload: bool) -> IoOp:
     """The read of ``job``'s copy open at ``fd``: the header into its slot, the payload into the
     job's buffer, or into a bounce buffer (``job.bounce``) where O_DIRECT cannot use it.
-    ``hash_payload``: the op carries a hasher for the payload's bytes (a queue that
-    ``hashes_reads`` feeds it as they land; see :func:`check_read`)."""
+    ``hash_payload``: the op asks for the payload's digest (a queue that ``hashes_reads``
+    hashes its bytes as they land; see :func:`check_read`)."""
     plen = job.handle.info.payload_len
     segs = segments(job.buf, plen)
     if direct:
@@ -49,7 +47,6 @@ def read_op(job: ReadJob, fd: int, direct: bool, hash_payload: bool) -> IoOp:
             segs = [(job.bounce.addr, need)]
     op = IoOp(fd, [(job.hdr[0], fmt.HEADER_SIZE), *segs], 0, False, job)
     if hash_payload:
-        op.hasher = xxhash.xxh3_64()
         op.hash_span = (fmt.HEADER_SIZE, fmt.HEADER_SIZE + plen)
     return op
 

@@ -213,8 +213,8 @@ class TierWorker:
             # over its memory on the CPUs the winning tier reads with
             self._read_done(job)
             return
-        if op.hasher is not None:
-            job.payload_xxh = op.hasher.intdigest()
+        if op.digest is not None:
+            job.payload_xxh = op.digest
         if job.payload_xxh is not None and job.bounce is None:
             self._validate(job)  # hashed as it was read: what is left is a header compare
             self._checked(job)

@@ -7,7 +7,8 @@ checksums, and the engine without. Every engine read is one lookup-time read of 
 (``lookup_and_pin`` with ``read=``), then every handle taken and demanded, as LMCache's order
 gives it. Prints GB/s per round and the ratios to the plain limit. KVS_OPTS (a JSON object) adds
 ``kvstream.*`` keys, KVS_TIER_OPTS keys of the tier (for example ``{"io": "uring"}``).
-KVS_VARIANTS (a JSON list of ``[label, kvstream keys, tier keys, hash piece bytes or null]``)
+KVS_VARIANTS (a JSON list of ``[label, kvstream keys, tier keys, hash piece bytes or null]``,
+optionally a fifth item ``true``: hash in Python even where ``_kvstream_native`` is built)
 replaces the two engine reads with those variants, each read once per round on the same files.
 """
 
@@ -83,13 +84,15 @@ def main() -> None:
     cores = os.cpu_count() or 1
     variants = json.loads(os.environ.get("KVS_VARIANTS", "null")) or [
         ["checksums on", {}, {}, None], ["off", {"verify_checksums": False}, {}, None]]
-    default_piece = threads.HASH_PIECE
+    default_piece, native = threads.HASH_PIECE, threads._native
+    print(f"native read-and-hash loop: {'built' if native else 'NOT built'}", flush=True)
     for r in range(rounds):
         limit, rates = best_read(paths, cores, files.drop_caches)
         per = " ".join(f"{t}:{v / 1e9:.1f}" for t, v in rates.items())
         got = []
-        for label, opts, tier_opts, piece in variants:
+        for label, opts, tier_opts, piece, *python in variants:
             threads.HASH_PIECE = piece or default_piece
+            threads._native = None if python and python[0] else native
             v = engine_read(root, keys, size, pool, tier_opts, **opts)
             got.append(f"{label} {v:.2f} ({v / limit * 1e9:.2f}x)")
         print(f"round {r}: plain {limit / 1e9:.2f} GB/s ({per}); engine " + ", ".join(got),
