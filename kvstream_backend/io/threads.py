@@ -2,10 +2,10 @@
 for memory-backed tiers where the native loop is built); and the daemon worker threads that it
 and a tier's file steps run on.
 
-A read that carries a ``hash_span`` is read in pieces of :data:`HASH_PIECE` bytes, each hashed by the
-same thread right after it lands, from its cache. Hashed after the whole chunk (16-32 MiB, past
-any core's cache) the checksum is one more pass over memory: on a 2-core machine's tmpfs the
-engine read a median 0.79x of the plain reader that way and 0.87x hashing each piece. Each
+A read that carries a ``hash_span`` is read in pieces of :data:`HASH_PIECE` bytes, each hashed
+by the same thread right after it lands, from its cache. Hashed after the whole chunk (16-32
+MiB, past any core's cache) the checksum is one more pass over memory: on a 2-core machine's
+tmpfs the engine read a median 0.79x of the plain reader that way and 0.87x hashing each piece. Each
 piece costs two GIL hand-offs in Python, which caps it on many cores: on a 16-core host, tmpfs
 read with one such reader per core (what a memory-backed tier gets on this path) at 0.54-0.71x,
 with the default 4 at 0.30x, and io_uring with the verify threads at 0.62-0.69x. Where
@@ -13,9 +13,9 @@ with the default 4 at 0.30x, and io_uring with the verify threads at 0.62-0.69x.
 loop without the GIL: 0.85-0.86x on that host, so memory-backed tiers take this path first
 there (:func:`kvstream_backend.io.probe.probe`).
 
-Hashing while reading pays only where a read is a copy out of memory: on GlusterFS (FUSE) the pieces serialized
-the round trips, 0.55-0.62 GB/s against 0.69-0.73 for one read per chunk, so tier workers ask
-for it on tmpfs and ramfs only.
+Hashing while reading pays only where a read is a copy out of memory: on GlusterFS (FUSE) the
+pieces serialized the round trips, 0.55-0.62 GB/s against 0.69-0.73 for one read per chunk, so
+tier workers ask for it on tmpfs and ramfs only.
 """
 
 from __future__ import annotations
