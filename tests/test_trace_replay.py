@@ -12,10 +12,12 @@ import os
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from kvstream_backend.sim.plan import (
     PlannedRequest,
+    PrefillModel,
     Serving,
     TracePlan,
     burstiest,
@@ -54,12 +56,36 @@ def test_kvsim_predicts_a_two_batch_queue_by_hand():
     kvb = 1000  # bytes per token
     rs = [PlannedRequest(0, 0.0, (1, 2), 2, 2048), PlannedRequest(1, 0.0, (1, 2), 2, 2048)]
     p = TracePlan("t", 0, 1, 1024, rs)  # each request prefills 1024 tokens: one per batch
-    s = Serving("one-tier", (1e-6,), 2e-6, 1024.0, kvb)  # 1 kB/s storage, 2 kB/s host->GPU
+    rate = PrefillModel.at_rate(1024.0)
+    s = Serving("one-tier", (1e-6,), 2e-6, rate, kvb)  # 1 kB/s storage, 2 kB/s host->GPU
     # batch 1: 1,024 tokens * 1 kB = 1,024 kB: 1,024 s storage + 512 s copy + 1 s prefill
     first = 1024 + 512 + 1
     assert predict(p, s) == pytest.approx([first, 2 * first])
-    nocache = Serving("nocache", (), 2e-6, 1024.0, kvb, recompute=True)
+    nocache = Serving("nocache", (), 2e-6, rate, kvb, recompute=True)
     assert predict(p, nocache) == pytest.approx([2.0, 4.0])
+    # a prefill that also pays per (new token, prefix token) pair: 1024 * 1024 * 1e-6 s more
+    pairs = Serving("one-tier", (1e-6,), 2e-6, PrefillModel(per_token_s=1 / 1024,
+                                                            per_prefix_pair_s=1e-6), kvb)
+    extra = 1024 * 1024 * 1e-6
+    assert predict(p, pairs) == pytest.approx([first + extra, 2 * (first + extra)])
+
+
+def test_prefill_model_fit_recovers_its_terms_and_keeps_them_non_negative():
+    true = PrefillModel(per_request_s=0.03, per_token_s=3e-5, per_pair_s=1e-9,
+                        per_prefix_pair_s=2e-9, per_prefix_token_s=1e-6)
+    shapes = [(n, p) for n in (512, 3000, 9000, 24000) for p in (0, 4096, 16384, 40000)]
+    fit = PrefillModel.fit([(n, p, true.seconds(n, p)) for n, p in shapes])
+    for got, want in zip(msgspec.structs.astuple(fit), msgspec.structs.astuple(true),
+                         strict=True):
+        assert got == pytest.approx(want, rel=1e-6)
+    # a time that falls as the prefix grows cannot be a cost: that term is dropped, not negative
+    falling = [(n, p, 0.01 + 1e-5 * n - 1e-7 * p) for n, p in shapes]
+    fit = PrefillModel.fit(falling)
+    assert min(msgspec.structs.astuple(fit)) >= 0 and fit.per_prefix_token_s == 0
+    # without a prefix in the samples, the prefix terms stay zero rather than being guessed
+    fit = PrefillModel.fit([(n, 0, 0.02 + 4e-5 * n) for n in (100, 1000, 5000, 20000)])
+    assert fit.per_prefix_pair_s == fit.per_prefix_token_s == 0
+    assert fit.seconds(1000, 0) == pytest.approx(0.06, rel=1e-6)
 
 
 CLI = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main; "
@@ -84,15 +110,15 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     assert rep["dry_run"] is True
     names = [c["name"] for c in rep["configs"]]
     assert names == ["kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk",
-                     "lmcache-cpu", "nocache"]
+                     "lmcache-cpu", "nocache", "kvstream-last"]
     for c in rep["configs"]:
         assert c["ok"], (c["name"], c["error"])
         assert len(c["requests"]) == 3
         hits = sum(q["hit_tokens"] for q in c["requests"])
         got = sum(q["retrieved_tokens"] for q in c["requests"])
         assert got == (0 if c["name"] == "nocache" else hits), c["name"]
+        assert c["predicted_p50_s"] is not None, c["name"]
         if c["name"] not in ("lmcache-cpu", "nocache"):
-            assert c["predicted_p50_s"] is not None, c["name"]
             # kvsim also fed the rates this run read at (the single tiers', net of host->GPU)
             assert c["predicted_run_p50_s"] is not None, c["name"]
         if c["name"] in ("kvstream-disk", "kvstream-shm", "lmcache-disk"):
@@ -106,6 +132,18 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     samples = rep["limit_samples_gbps"]
     assert {k: len(v) for k, v in samples.items()} == {"disk": 2, "shm": 2}
     assert rep["limits_gbps"] == {k: max(v) for k, v in samples.items()}
+    # and again into device memory (here the CPU stands in for the GPU)
+    assert set(rep["to_gpu_gbps"]) == {"disk", "shm"} and min(rep["to_gpu_gbps"].values()) > 0
+    # kvsim's prefill is fitted on the stand-in timed at every request's shapes in the fill
+    # process: with and without each request's cached prefix
+    shapes = {(n, p) for n, p, _ in rep["prefill_samples"]}
+    assert {p for _, p in shapes} != {0} and len(shapes) >= 3
+    assert all(t > 0 for *_, t in rep["prefill_samples"])
+    assert rep["prefill_model"] is not None and min(rep["prefill_model"].values()) >= 0
+    # both kvstream rows get the targets (measured first, and again last)
+    targets = {t["name"] for t in rep["targets"]}
+    assert {"kvstream p99 / best single tier's p99",
+            "kvstream-last p99 / best single tier's p99"} <= targets
     assert (tmp_path / "r.png").stat().st_size > 0
 
 

@@ -6,11 +6,21 @@ Configurations: ``kvstream`` (disk + /dev/shm), ``kvstream-disk`` and ``kvstream
 each), ``static-best`` (a fixed split at the ratio of the two tiers' measured limits),
 ``lmcache-disk`` (LocalDiskBackend, O_DIRECT), ``lmcache-cpu`` (LocalCPUBackend, stored in the
 same process: the ceiling) and ``nocache`` (every prompt prefilled). The page cache is dropped
-before each phase. kvsim (:func:`~kvstream_backend.sim.plan.predict`) gets the same plan and
-what this run measured: each tier's plain read limit, the host->GPU rate (``lmcache-cpu``'s
-retrieval) and each configuration's own prefill rate. The limits are measured twice, after the
-fill and after the last phase, and kvsim takes each tier's best: on a virtio disk whose host
-caches writes, the host is still flushing the fill's writes when the first is taken.
+before each phase; ``kvstream-last`` measures kvstream again after every other configuration
+(does its place in the order matter?). kvsim (:func:`~kvstream_backend.sim.plan.predict`) gets
+the same plan and what this run measured apart from the configurations:
+
+* each tier's rate into GPU memory, by the plain reader with a host->GPU copy after each read
+  (:func:`.plain.read_files` with a device), less the host->GPU time: the tier's share of a
+  retrieval when its reads and the copies share the host's memory bandwidth (the plain read
+  limits, without the copy, are reported beside it);
+* the host->GPU rate (``lmcache-cpu``'s retrieval);
+* the stand-in's prefill, a :class:`~kvstream_backend.sim.plan.PrefillModel` fitted on every
+  request's shapes timed in the fill process.
+
+The limits are measured twice, after the fill and after the last phase, and kvsim takes each
+tier's best: on a virtio disk whose host caches writes, the host is still flushing the fill's
+writes when the first is taken.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ import msgspec
 
 from ..io import files
 from ..sim.cli import trace_path
-from ..sim.plan import Serving, TracePlan, plan, predict
+from ..sim.plan import PrefillModel, Serving, TracePlan, plan, predict
 from ..sim.replay import load_trace
 from ..tables import table
 from . import plain
@@ -36,7 +46,9 @@ from .gpu_worker import DRY
 from .replay_worker import ModelShape, ReplaySpec
 
 GB = 1e9
-STORAGE_CONFIGS = ("kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk")
+STORAGE_CONFIGS = ("kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk",
+                   "kvstream-last")
+TWO_TIERS = ("disk", "shm")
 
 
 class ConfigResult(msgspec.Struct):
@@ -79,6 +91,19 @@ class ReplayReport(msgspec.Struct):
     # each tier's samples, after the fill and after the last phase (reports before 2026-12-05
     # evening have none)
     limit_samples_gbps: dict[str, list[float]] = {}
+    # each tier read straight into GPU memory by the plain reader (best sample; reports before
+    # 2026-12-06 have none): kvsim's storage rate is what is left of it after host->GPU
+    to_gpu_gbps: dict[str, float] = {}
+    # the stand-in's prefill, fitted on its timed shapes in the fill process (kvsim's prefill;
+    # before 2026-12-06 kvsim used each configuration's average rate instead)
+    prefill_model: PrefillModel | None = None
+    prefill_samples: list[tuple[int, int, float]] = []
+
+
+def _net_of_copy(gbps: float, h2d: float) -> float:
+    """The storage share of a retrieval rate ``gbps`` that includes host->GPU at ``h2d``:
+    ``1 / (1 / gbps - 1 / h2d)`` (``gbps < h2d``)."""
+    return 1 / (1 / gbps - 1 / h2d)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -101,11 +126,22 @@ class ReplayBench:
         self.lmc = os.path.join(self.work, "lmcache-disk")
         self.notes: list[str] = []
         self.limit_samples: dict[str, list[float]] = {}
+        self.to_gpu_samples: dict[str, list[float]] = {}
+        self.prefill_samples: list[tuple[int, int, float]] = []
 
     @property
     def limits(self) -> dict[str, float]:
         """Each tier's read limit: the best of the samples taken so far."""
         return {k: max(v) for k, v in self.limit_samples.items()}
+
+    @property
+    def to_gpu(self) -> dict[str, float]:
+        """Each tier's rate into GPU memory: the best of the samples taken so far."""
+        return {k: max(v) for k, v in self.to_gpu_samples.items()}
+
+    @property
+    def prefill(self) -> PrefillModel | None:
+        return PrefillModel.fit(self.prefill_samples) if self.prefill_samples else None
 
     # ---- LMCache configurations ----------------------------------------------------------
     def _stored_gb(self) -> float:
@@ -144,9 +180,9 @@ class ReplayBench:
     # ---- phases -------------------------------------------------------------------------
     def _phase(self, name: str, lmcache: dict[str, Any], store: bool,
                recompute: bool = False, replay: bool = True,
-               warm_plan: bool = False) -> ConfigResult:
+               calibrate: bool = False) -> ConfigResult:
         spec = ReplaySpec(name, lmcache, self.plan, self.model, self.work, store, recompute,
-                          replay, warm_plan)
+                          replay, calibrate)
         path = os.path.join(self.work, f"spec-{name}.json")
         with open(path, "wb") as f:
             f.write(msgspec.json.encode(spec))
@@ -166,7 +202,8 @@ class ReplayBench:
         if not rec.get("ok"):
             return ConfigResult(name, False, rec.get("error", "?") + "\n"
                                 + rec.get("traceback", ""))
-        if "requests" not in rec:  # a store-only phase
+        if "requests" not in rec:  # the fill: stored (and timed the stand-in), replayed nothing
+            self.prefill_samples = [tuple(x) for x in rec.get("prefill_samples", [])]
             return ConfigResult(name, True, cuda_ops=rec.get("cuda_ops", ""),
                                 store=rec.get("store", {}))
         reqs, batches = rec["requests"], rec["batches"]
@@ -184,7 +221,11 @@ class ReplayBench:
 
     def _measure_limits(self, sample: int = 4 << 30) -> None:
         """Each tier's read limit apart from the engine: a plain O_DIRECT reader over up to
-        ``sample`` bytes of kvstream's chunk files, the best of 1, 2, 4, ... threads."""
+        ``sample`` bytes of kvstream's chunk files, the best of 1, 2, 4, ... threads; then the
+        same into GPU memory."""
+        import torch
+
+        dev = torch.device("cpu") if DRY else torch.device("cuda:0")
         for name, root in (("disk", self.disk), ("shm", self.shm)):
             paths, total = [], 0
             for d, _, fs in os.walk(root):
@@ -195,6 +236,8 @@ class ReplayBench:
             if paths:
                 best, _ = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches)
                 self.limit_samples.setdefault(name, []).append(best / GB)
+                best, _ = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches, dev)
+                self.to_gpu_samples.setdefault(name, []).append(best / GB)
 
     def run(self) -> ReplayReport:
         shutil.rmtree(self.work, ignore_errors=True)
@@ -211,7 +254,9 @@ class ReplayBench:
             f"{p.token_budget}, {self._stored_gb():.1f} GiB of cached prefixes")
         # kvstream's tiers are filled in a process of their own (it replays nothing), so the
         # first configuration measured starts from the same state as every later one
-        fill = self._phase("store", self._kvstream(["disk", "shm"]), store=True, replay=False)
+        # (and the stand-in's prefill is timed there, on every request's shapes, for kvsim)
+        fill = self._phase("store", self._kvstream(["disk", "shm"]), store=True, replay=False,
+                           calibrate=True)
         if not fill.ok:
             return self._report([fill], 0.0)
         self.notes.append(f"kvstream's tiers filled in {fill.store.get('store_s')} s "
@@ -227,10 +272,11 @@ class ReplayBench:
                    False, False),
                   ("lmcache-disk", self._localdisk(), True, False),
                   ("lmcache-cpu", self._base(local_cpu=True), True, False),
-                  ("nocache", {}, False, True)]
-        for name, cfg, store, recompute in phases:  # the first also warms on every shape
+                  ("nocache", {}, False, True),
+                  ("kvstream-last", self._kvstream(["disk", "shm"]), False, False)]
+        for name, cfg, store, recompute in phases:
             self._checkpoint(results, g)
-            results.append(self._phase(name, cfg, store, recompute, warm_plan=not results))
+            results.append(self._phase(name, cfg, store, recompute))
         self._measure_limits()
         self.notes.append("limits measured after the fill and after the last phase; kvsim takes "
                           "each tier's best")
@@ -245,7 +291,8 @@ class ReplayBench:
         self._predict(results, g, h2d)
         return ReplayReport(p.trace, p.start, len(p.requests), p.time_scale, p.token_budget,
                             self.model, DRY, self.limits, h2d, results,
-                            self._targets(by), self.notes, self.limit_samples)
+                            self._targets(by), self.notes, self.limit_samples, self.to_gpu,
+                            self.prefill, self.prefill_samples)
 
     def _checkpoint(self, results: list[ConfigResult], g: float) -> None:
         """The report so far, to ``--json`` (a run cut short keeps what it measured)."""
@@ -253,64 +300,77 @@ class ReplayBench:
             with open(self.args.json, "wb") as f:
                 f.write(msgspec.json.format(msgspec.json.encode(self._report(results, g))))
 
+    def _storage_gbps(self, h2d: float) -> dict[str, float]:
+        """kvsim's storage rate of each tier: its rate into GPU memory with the host->GPU time
+        taken out (the plain read limit where that is not below host->GPU)."""
+        out = dict(self.limits)
+        for k, r in self.to_gpu.items():
+            if r < h2d:
+                out[k] = _net_of_copy(r, h2d)
+        return out
+
     def _predict(self, results: list[ConfigResult], g: float, h2d: float) -> None:
-        lim = self.limits
-        tiers = {"kvstream": (lim.get("disk", 0), lim.get("shm", 0)),
-                 "kvstream-disk": (lim.get("disk", 0),), "kvstream-shm": (lim.get("shm", 0),),
-                 "static-best": (lim.get("disk", 0), lim.get("shm", 0)),
-                 "lmcache-disk": (lim.get("disk", 0),), "lmcache-cpu": (), "nocache": ()}
+        lim = self._storage_gbps(h2d)
+        two = tuple(lim.get(t, 0.0) for t in TWO_TIERS)
+        tiers = {"kvstream": two, "kvstream-last": two, "static-best": two,
+                 "kvstream-disk": two[:1], "kvstream-shm": two[1:], "lmcache-disk": two[:1],
+                 "lmcache-cpu": (), "nocache": ()}
         for r in results:
             if not r.ok or not h2d or r.name not in tiers or not all(tiers[r.name]):
                 continue
-            pred = self._kvsim(r.name, tiers[r.name], r.prefill_tokens_per_s, g, h2d)
+            pred = self._kvsim(r, tiers[r.name], g, h2d)
             r.predicted_p50_s, r.predicted_p90_s = _pct(pred, 50), _pct(pred, 90)
             r.p50_error = r.predicted_p50_s / r.ttft_p50_s - 1
         self._predict_at_run_rates(results, g, h2d)
 
     def _predict_at_run_rates(self, results: list[ConfigResult], g: float, h2d: float) -> None:
         """kvsim fed what the single-tier configurations read at (their retrieval rate with the
-        host->GPU time taken out), not the plain limits."""
+        host->GPU time taken out), not the limits."""
         by = {r.name: r for r in results if r.ok}
         for r in by.values():
             read_s = sum(b["storage_s"] for b in r.batches)
             if r.retrieved_gb and read_s and h2d and r.retrieved_gb / read_s < h2d:
-                r.run_gbps = 1 / (read_s / r.retrieved_gb - 1 / h2d)
+                r.run_gbps = _net_of_copy(r.retrieved_gb / read_s, h2d)
         disk, shm = (by[n].run_gbps if n in by else 0.0 for n in ("kvstream-disk", "kvstream-shm"))
-        tiers = {"kvstream": (disk, shm), "static-best": (disk, shm), "kvstream-disk": (disk,),
-                 "kvstream-shm": (shm,)}
+        tiers = {"kvstream": (disk, shm), "kvstream-last": (disk, shm),
+                 "static-best": (disk, shm), "kvstream-disk": (disk,), "kvstream-shm": (shm,)}
         if "lmcache-disk" in by:
             tiers["lmcache-disk"] = (by["lmcache-disk"].run_gbps,)
         for name, tt in tiers.items():
             c = by.get(name)
             if c is None or not all(tt):
                 continue
-            c.predicted_run_p50_s = _pct(self._kvsim(name, tt, c.prefill_tokens_per_s, g, h2d),
-                                         50)
+            c.predicted_run_p50_s = _pct(self._kvsim(c, tt, g, h2d), 50)
 
-    def _kvsim(self, name: str, tiers_gbps: tuple[float, ...], prefill_tokens_per_s: float,
-               g: float, h2d: float) -> list[float]:
-        """kvsim's TTFT of each request of the plan for configuration ``name``."""
-        return predict(self.plan, Serving(name, tiers_gbps, h2d, prefill_tokens_per_s,
+    def _kvsim(self, r: ConfigResult, tiers_gbps: tuple[float, ...], g: float,
+               h2d: float) -> list[float]:
+        """kvsim's TTFT of each request of the plan for configuration ``r``: the prefill model
+        fitted in the fill process (else the configuration's own average rate)."""
+        prefill = self.prefill or PrefillModel.at_rate(r.prefill_tokens_per_s)
+        return predict(self.plan, Serving(r.name, tiers_gbps, h2d, prefill,
                                           self.model.kv_bytes_per_token,
-                                          split=g if name == "static-best" else None,
-                                          recompute=name == "nocache"))
+                                          split=g if r.name == "static-best" else None,
+                                          recompute=r.name == "nocache"))
 
     def _targets(self, by: dict[str, ConfigResult]) -> list[dict[str, Any]]:
+        """Issue 24's targets, for kvstream measured first and measured last alike."""
         out: list[dict[str, Any]] = []
-        k, ld = by.get("kvstream"), by.get("lmcache-disk")
-        if k is None or not k.ok:
-            return out
-        if ld is not None and ld.ok:
-            for f in ("ttft_mean_s", "ttft_p50_s"):
-                v = getattr(k, f) / getattr(ld, f)
-                out.append({"name": f"kvstream {f} / lmcache-disk's", "value": round(v, 3),
-                            "goal": "<= 0.5", "met": v <= 0.5})
+        ld = by.get("lmcache-disk")
         singles = [by[n] for n in ("kvstream-disk", "kvstream-shm") if n in by and by[n].ok]
-        if singles:
-            best = min(x.ttft_p99_s for x in singles)
-            out.append({"name": "kvstream p99 / best single tier's p99",
-                        "value": round(k.ttft_p99_s / best, 3), "goal": "<= 1.0",
-                        "met": k.ttft_p99_s <= best})
+        for name in ("kvstream", "kvstream-last"):
+            k = by.get(name)
+            if k is None or not k.ok:
+                continue
+            if ld is not None and ld.ok:
+                for f in ("ttft_mean_s", "ttft_p50_s"):
+                    v = getattr(k, f) / getattr(ld, f)
+                    out.append({"name": f"{name} {f} / lmcache-disk's", "value": round(v, 3),
+                                "goal": "<= 0.5", "met": v <= 0.5})
+            if singles:
+                best = min(x.ttft_p99_s for x in singles)
+                out.append({"name": f"{name} p99 / best single tier's p99",
+                            "value": round(k.ttft_p99_s / best, 3), "goal": "<= 1.0",
+                            "met": k.ttft_p99_s <= best})
         for name in STORAGE_CONFIGS:
             r = by.get(name)
             if r is not None and r.p50_error is not None:
@@ -339,9 +399,10 @@ def render(rep: ReplayReport, console: Any) -> None:
                   f"{r.ttft_p99_s:.2f}", f"{r.storage_share:.0%}", f"{r.retrieved_gb:.1f}",
                   *sim, run)
     console.print(t)
+    fed = "each tier's rate into GPU memory" if rep.to_gpu_gbps else "the plain limits"
     console.print("TTFT in seconds; wait: the share of TTFT spent waiting for storage; sim50: "
-                  "kvsim's p50 from the plain limits (err: against the measured p50); run50: "
-                  "kvsim's p50 fed the read rates this run achieved")
+                  f"kvsim's p50 from {fed} (err: against the measured p50); run50: kvsim's "
+                  "p50 fed the read rates this run achieved")
     for r in rep.configs:
         if not r.ok:
             console.print(f"[red]{r.name} failed:[/] {r.error.splitlines()[0]}")
@@ -354,8 +415,18 @@ def render(rep: ReplayReport, console: Any) -> None:
                   + f"; host->GPU {rep.h2d_gbps:.1f} GB/s (lmcache-cpu's retrieval); read "
                   "in this run: " + ", ".join(f"{r.name} {r.run_gbps:.2f} GB/s"
                                               for r in rep.configs if r.run_gbps))
+    if rep.to_gpu_gbps:
+        console.print("into GPU memory (the plain reader, a host->GPU copy after each read): "
+                      + ", ".join(f"{k} {v:.2f} GB/s" for k, v in rep.to_gpu_gbps.items()))
     console.print("prefill: a stand-in (transformers LlamaModel, random weights, one request "
                   "at a time), not vLLM's")
+    if rep.prefill_model is not None and rep.prefill_samples:
+        errs = sorted(abs(rep.prefill_model.seconds(n, p) / t - 1)
+                      for n, p, t in rep.prefill_samples)
+        console.print(f"kvsim's prefill: fitted on {len(errs)} timed shapes (off by "
+                      f"{errs[len(errs) // 2]:.0%} at the median, {errs[-1]:.0%} at most): "
+                      + ", ".join(f"{k} {v:.3g}" for k, v in
+                                  msgspec.structs.asdict(rep.prefill_model).items()))
     for tg in rep.targets:
         console.print(f"  {tg['name']}: {tg['value']} ({tg['goal']}: "
                       f"{'met' if tg['met'] else 'NOT met'})")

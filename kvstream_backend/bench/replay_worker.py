@@ -67,7 +67,7 @@ class ReplaySpec(msgspec.Struct, frozen=True):
     store: bool  # store the plan's cached prefixes first (in this process)
     recompute: bool = False  # "nocache": prefill every prompt token
     replay: bool = True  # False: store only (the phase that fills kvstream's tiers)
-    warm_plan: bool = False  # warm up on every request's shapes (the first process to replay)
+    calibrate: bool = False  # time the stand-in at every request's shapes (kvsim's prefill)
     pool_tokens: int = 393216  # the paged KV pool (vLLM's GPU KV cache)
 
 
@@ -270,32 +270,60 @@ def _prefill(model: Any, m: ModelShape, pool: _Pool, tokens: Any, slots: Any) ->
         model.lm_head(h[:, -1:])
 
 
-def _warm_up(model: Any, spec: ReplaySpec, pool: _Pool) -> None:
-    """Off the clock: the stand-in prefill at the plan's largest shapes (the most new tokens,
-    and the longest prefix with a budget's worth of new tokens), so that its kernels are loaded
-    and the allocator holds its largest blocks before the first batch; with ``warm_plan``,
-    first at every request's own shapes as well. (The first H200 run warmed 2,048 tokens
-    without a prefix, and its first configuration's first batch took 4.6 s of prefill where
-    every later process took 1.4-1.6 s; warmed at the largest shapes, the first process on an
-    H100 still took 4.6 s against 1.3-1.5 s: the first process to run the stand-in pays a
-    cost per machine that later processes find paid, so it now replays every shape first.)"""
+def _shapes(spec: ReplaySpec, pool: _Pool, recompute: bool) -> list[tuple[int, int]]:
+    """Every request's prefill as ``(new, prefix)`` tokens: over its cached prefix, or (for
+    ``recompute``) its whole prompt without one."""
+    out = []
+    for r in spec.plan.requests:
+        p = 0 if recompute else min(r.hit_tokens // CHUNK_TOKENS * CHUNK_TOKENS, pool.tokens)
+        out.append((max(r.input_tokens - p, 1), p))
+    return out
+
+
+def _prefill_shape(model: Any, m: ModelShape, pool: _Pool, new: int, prefix: int) -> None:
     import torch
 
+    tokens = torch.randint(0, m.vocab, (prefix + new,))
+    _prefill(model, m, pool, tokens, torch.arange(prefix, device=_dev()) if prefix else None)
+
+
+def _warm_up(model: Any, spec: ReplaySpec, pool: _Pool) -> None:
+    """Off the clock: the stand-in prefill at every request's own shape, then at the plan's
+    largest (the most new tokens, and the longest prefix with a budget's worth of new tokens),
+    so that its kernels are loaded and the allocator holds its largest blocks before the first
+    batch. (Warmed at the largest shapes only, the first process on an H100 took 4.6 s for its
+    first batch's prefill against 1.3-1.5 s in later processes, and in run 4 the no-cache
+    process, the last, still took 1.45 s for a first batch that a fit of its others puts at
+    0.5 s: a shape a process has not run before costs it extra once.)"""
     m, reqs = spec.model, spec.plan.requests
-    if spec.warm_plan:
-        for r in reqs:
-            p = 0 if spec.recompute else min(r.hit_tokens // CHUNK_TOKENS * CHUNK_TOKENS,
-                                             pool.tokens)
-            tokens = torch.randint(0, m.vocab, (max(r.input_tokens, p + 1),))
-            _prefill(model, m, pool, tokens, torch.arange(p, device=_dev()) if p else None)
+    for new, prefix in _shapes(spec, pool, spec.recompute):
+        _prefill_shape(model, m, pool, new, prefix)
     new = min(max(r.input_tokens if spec.recompute else r.new_tokens for r in reqs),
               spec.plan.token_budget)
     prefix = 0 if spec.recompute else min(max(r.hit_tokens for r in reqs),
                                           pool.tokens - spec.plan.token_budget)
     for p, n in ((0, max(new, 1)), (prefix, min(new, 4096) or 1)):
-        tokens = torch.randint(0, m.vocab, (p + n,))
-        _prefill(model, m, pool, tokens, torch.arange(p, device=_dev()) if p else None)
+        _prefill_shape(model, m, pool, n, p)
     _sync()
+
+
+def _calibrate(model: Any, spec: ReplaySpec, pool: _Pool) -> list[tuple[int, int, float]]:
+    """The stand-in's prefill timed at every request's shapes, with and without its cached
+    prefix, apart from any configuration's replay: the samples kvsim's
+    :class:`~kvstream_backend.sim.plan.PrefillModel` is fitted on. Each shape runs once
+    untimed (warm) and once timed."""
+    shapes = sorted(set(_shapes(spec, pool, False)) | set(_shapes(spec, pool, True)))
+    m = spec.model
+    for new, prefix in shapes:
+        _prefill_shape(model, m, pool, new, prefix)
+    out = []
+    for new, prefix in shapes:
+        _sync()
+        t = time.perf_counter()
+        _prefill_shape(model, m, pool, new, prefix)
+        _sync()
+        out.append((new, prefix, round(time.perf_counter() - t, 5)))
+    return out
 
 
 def _replay(eng: Any, spec: ReplaySpec, pool: _Pool, model: Any,
@@ -389,6 +417,8 @@ def run(spec: ReplaySpec) -> dict:
             kb.engine.wait_warm(300)
         if spec.store and eng is not None:
             rec["store"] = _store(eng, spec, pool)
+        if spec.calibrate:
+            rec["prefill_samples"] = _calibrate(_model(m), spec, pool)
         if not spec.replay:
             rec["ok"] = True
             return rec

@@ -112,19 +112,73 @@ def next_batch(queue: Sequence[PlannedRequest], budget: int, recompute: bool = F
     return k
 
 
+class PrefillModel(msgspec.Struct, frozen=True):
+    """The serving engine's prefill of one request: ``new`` tokens attending over ``prefix``
+    cached tokens and over themselves (causally) takes::
+
+        per_request_s + per_token_s * new + per_pair_s * new**2 / 2
+                      + per_prefix_pair_s * new * prefix + per_prefix_token_s * prefix
+
+    a forward's fixed cost, the projections and MLP per token, attention among the new tokens,
+    attention of the new tokens over the prefix, and bringing the prefix's KV into the forward.
+    A batch prefills its requests one after another (the stand-in does), so it takes their sum.
+    """
+
+    per_request_s: float = 0.0
+    per_token_s: float = 0.0
+    per_pair_s: float = 0.0
+    per_prefix_pair_s: float = 0.0
+    per_prefix_token_s: float = 0.0
+
+    @classmethod
+    def at_rate(cls, tokens_per_s: float) -> PrefillModel:
+        """The one-term model: every new token at the same rate."""
+        return cls(per_token_s=1.0 / tokens_per_s)
+
+    @staticmethod
+    def terms(new: int, prefix: int) -> tuple[float, ...]:
+        return (1.0, float(new), new * new / 2.0, float(new * prefix), float(prefix))
+
+    def seconds(self, new: int, prefix: int) -> float:
+        return sum(c * t for c, t in zip(msgspec.structs.astuple(self),
+                                         self.terms(new, prefix), strict=True))
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> PrefillModel:
+        """Least squares over timed ``(new, prefix, seconds)`` prefills, every coefficient
+        non-negative: a term whose coefficient comes out negative is dropped and the rest are
+        fitted again (a time cannot shrink as a shape grows)."""
+        import numpy as np
+
+        x = np.array([cls.terms(n, p) for n, p, _ in samples])
+        y = np.array([t for _, _, t in samples])
+        scale = np.maximum(np.abs(x).max(axis=0), 1e-30)  # columns span 1 .. 1e9: condition
+        keep = [i for i in range(x.shape[1]) if x[:, i].any()]
+        while True:
+            coef, *_ = np.linalg.lstsq(x[:, keep] / scale[keep], y, rcond=None)
+            coef = coef / scale[keep]
+            if not keep or coef.min() >= 0:
+                break
+            del keep[int(coef.argmin())]
+        full = [0.0] * x.shape[1]
+        for i, c in zip(keep, coef, strict=True):
+            full[i] = float(c)
+        return cls(*full)
+
+
 class Serving(msgspec.Struct, frozen=True):
     """kvsim's model of one configuration serving a plan.
 
     A batch's retrieval takes its storage read (``tiers_gbps``: one tier, or two tiers routed by
     kvstream's claims, or split statically by ``split``; empty: nothing read from storage)
     plus its host->GPU copy at ``h2d_gbps`` (LMCache copies each request after reading it);
-    its prefill takes ``new tokens / prefill_tokens_per_s``. ``recompute``: no cache at all.
+    its prefill is ``prefill``'s, request by request. ``recompute``: no cache at all.
     """
 
     name: str
     tiers_gbps: tuple[float, ...]
     h2d_gbps: float
-    prefill_tokens_per_s: float
+    prefill: PrefillModel
     kv_bytes_per_token: int
     split: float | None = None
     recompute: bool = False
@@ -161,7 +215,8 @@ def predict(p: TracePlan, s: Serving) -> list[float]:
             elif n and bws:
                 retrieval = simulate_routed(n, chunk, bws, s.claim_batch).time_s
             retrieval += demand / (s.h2d_gbps * 1e9)
-        new = sum(r.input_tokens if s.recompute else r.new_tokens for r in batch)
-        clock += retrieval + new / s.prefill_tokens_per_s
+        clock += retrieval + sum(
+            s.prefill.seconds(r.input_tokens, 0) if s.recompute
+            else s.prefill.seconds(r.new_tokens, r.hit_tokens) for r in batch)
         ttft.extend(clock - r.arrival_s for r in batch)
     return ttft
