@@ -49,11 +49,13 @@ def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
     names = {c["name"] for c in rep["configs"]}
     assert names == {"kvstream", "kvstream-rev", "kvstream-disk", "kvstream-shm", "static-0.5",
                      "static-0.7", "kvstream-emu", "lmcache-disk", "lmcache-cpu", "limit-disk",
-                     "limit-shm"}
+                     "limit-shm", "limit-disk-gpu", "limit-shm-gpu"}
     for c in rep["configs"]:
         assert not c["errors"], (c["name"], c["errors"])
         if c["name"].startswith("limit-"):  # each tier apart from the engine, 1..cores threads
             assert c["step_s"][0] > 0 and "GB/s by threads: 1:" in c["io"][0], c
+            # (-gpu: copied to the device after each read; here the CPU stands in for it)
+            assert ("host->GPU copy" in c["io"][0]) == c["name"].endswith("-gpu"), c
             continue
         assert c["identical"] == [True], c["name"]
         assert c["step_s"] and c["h2d_s"][0] > 0, c["name"]
@@ -65,4 +67,5 @@ def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
     # on this CPU machine lmcache.cuda_ops cannot load: the run must say it is not representative
     assert any("NOT REPRESENTATIVE" in n for n in rep["notes"])
     assert [t["goal"] for t in rep["targets"]] == ["<= 0.95", "<= 0.95", ">= 0.8", ">= 0.8",
-                                                   ">= 0.8", ">= 1.35", "<= 1.1"]
+                                                   ">= 0.8", ">= 0.8", ">= 0.8", ">= 1.35",
+                                                   "<= 1.1"]

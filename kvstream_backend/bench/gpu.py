@@ -215,18 +215,27 @@ class GpuBench:
     def _limits(self) -> None:
         """Each tier's read limit apart from the engine, on kvstream's own chunk files: a plain
         O_DIRECT reader from 1, 2, 4, ... cores threads, the best of them (page cache dropped
-        before each)."""
+        before each); then the same reader copying each file to the GPU after reading it
+        (``limit-<tier>-gpu``): what the tier delivers into GPU memory when its reads and the
+        host->GPU copies share the host."""
+        import torch
+
+        dev = torch.device("cpu") if DRY else torch.device("cuda:0")
         for name, root in (("disk", self.disk), ("shm", self.shm)):
             paths = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
                      if f.endswith(".kvs")]
             if not paths:
                 continue
-            best, rates = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches)
-            c = self.results.setdefault(f"limit-{name}", GpuConfig(f"limit-{name}"))
             total = sum(os.path.getsize(p) for p in paths)
-            c.step_s.append(self.shape.step_bytes / best)
-            c.io.append("plain O_DIRECT preadv, GB/s by threads: " + ", ".join(
-                f"{t}: {r / GB:.1f}" for t, r in rates.items()) + f" ({total >> 20} MiB)")
+            for row, device, how in ((f"limit-{name}", None, "plain O_DIRECT preadv"),
+                                     (f"limit-{name}-gpu", dev,
+                                      "plain O_DIRECT preadv + host->GPU copy")):
+                best, rates = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches,
+                                              device)
+                c = self.results.setdefault(row, GpuConfig(row))
+                c.step_s.append(self.shape.step_bytes / best)
+                c.io.append(f"{how}, GB/s by threads: " + ", ".join(
+                    f"{t}: {r / GB:.1f}" for t, r in rates.items()) + f" ({total >> 20} MiB)")
 
     # ---- results ------------------------------------------------------------------------
     def _gbps(self, name: str, field: str = "step_s") -> float:
@@ -252,6 +261,11 @@ class GpuBench:
             r = self._gbps(name) / bound
             target(f"{name} / min(LocalCPU ceiling, limit_disk + limit_shm)", r, ">= 0.8",
                    r >= 0.8)
+        into_gpu = min(ceiling, self._gbps("limit-disk-gpu") + self._gbps("limit-shm-gpu"))
+        for name in ("kvstream", "kvstream-rev"):
+            r = self._gbps(name) / into_gpu
+            target(f"{name} / min(LocalCPU ceiling, limit_disk_gpu + limit_shm_gpu)", r,
+                   ">= 0.8", r >= 0.8)
         r = self._gbps("kvstream-shm", "storage_s") / self._gbps("limit-shm")
         target("shm alone, storage read / its plain limit", r, ">= 0.8", r >= 0.8)
         emu, ld = self._gbps("kvstream-emu"), self._gbps("lmcache-disk")

@@ -90,6 +90,11 @@ def read_files(files: list[str], depth: int, device: Any = None) -> tuple[float,
     finally:
         for lane in lanes:
             lane.release()
+        lanes.clear()
+        if device is not None and device.type == "cuda":  # hand the copies' memory back
+            import torch
+
+            torch.cuda.empty_cache()
     return secs, total
 
 
