@@ -1,0 +1,17 @@
+#!/bin/bash
+# Sourced by the device calls: LMCache built for the machine's torch (skipped when a warm
+# machine has it) and kvstream's native read-and-hash loop, both under /tmp; /dev/shm large
+# enough for a tier. Build output goes under $OUT.
+export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1 PYTHONHASHSEED=0
+export PYTHONPATH=/tmp/site:/tmp/nat:$PWD
+python3 -c "import lmcache.cuda_ops" 2>/dev/null || (time bash .lmbuild/build-lmcache.sh) > $OUT/build.log 2>&1
+EXT=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+INC=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+mkdir -p /tmp/nat
+[ -f /tmp/nat/_kvstream_native$EXT ] || gcc -O3 -shared -fPIC -I native -I "$INC" \
+    native/kvstream_native.c -o /tmp/nat/_kvstream_native$EXT >> $OUT/build.log 2>&1
+mount -o remount,size=64G /dev/shm
+{ nvidia-smi -L; nproc; uname -r; git log -1 --oneline 2>/dev/null
+  python3 -c "import lmcache.cuda_ops; print('cuda_ops loaded')"
+  python3 -c "from kvstream_backend.io.threads import NATIVE; print('native loop', NATIVE)"
+} >> $OUT/machine.log 2>&1
