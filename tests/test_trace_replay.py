@@ -123,6 +123,8 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
             assert c["predicted_run_p50_s"] is not None, c["name"]
         if c["name"] in ("kvstream-disk", "kvstream-shm", "lmcache-disk"):
             assert c["run_gbps"] > 0, c["name"]
+        # kvstream's own account of the run (what each tier read, what was hedged) is kept
+        assert bool(c["engine"]) == c["name"].startswith(("kvstream", "static")), c["name"]
     # the tiers are filled by a process of its own, so no replayed configuration stores
     assert not rep["configs"][0]["store"]
     assert any(n.startswith("kvstream's tiers filled in") for n in rep["notes"])

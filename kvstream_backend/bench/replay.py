@@ -71,6 +71,7 @@ class ConfigResult(msgspec.Struct):
     predicted_run_p50_s: float | None = None
     cuda_ops: str = ""
     store: dict[str, Any] = {}
+    engine: dict[str, Any] = {}  # kvstream's engine stats at the end (per tier: bytes, hedges)
     requests: list[dict] = []
     batches: list[dict] = []
 
@@ -216,8 +217,8 @@ class ReplayBench:
             storage_share=storage / sum(ttft),
             retrieved_gb=sum(b["retrieved_bytes"] for b in batches) / GB,
             prefill_tokens_per_s=sum(b["new_tokens"] for b in batches) / max(prefill_s, 1e-9),
-            cuda_ops=rec.get("cuda_ops", ""), store=rec.get("store", {}), requests=reqs,
-            batches=batches)
+            cuda_ops=rec.get("cuda_ops", ""), store=rec.get("store", {}),
+            engine=rec.get("kvstream", {}), requests=reqs, batches=batches)
 
     def _measure_limits(self, sample: int = 4 << 30) -> None:
         """Each tier's read limit apart from the engine: a plain O_DIRECT reader over up to
