@@ -4,6 +4,6 @@
 T0=$(date +%s)
 source docs/bench/tools/device_setup.sh
 echo "setup took $(( $(date +%s) - T0 )) s" >> $OUT/machine.log
-timeout $(( 585 - ($(date +%s) - T0) )) python3 -c 'import sys; from kvstream_backend.cli import main; sys.exit(main())' \
+timeout $(( 470 - ($(date +%s) - T0) )) python3 -c 'import sys; from kvstream_backend.cli import main; sys.exit(main())' \
     bench --gpu --gpu-rounds 1 --gpu-iters 2 --workdir /var/tmp --json $OUT/gpu.json > $OUT/gpu.log 2>&1
 echo "bench rc $? after $(( $(date +%s) - T0 )) s" >> $OUT/machine.log
