@@ -31,7 +31,7 @@ import msgspec
 from ..io import files
 from ..tables import table
 from . import plain
-from .gpu_worker import DRY, Phase, Shape
+from .gpu_worker import DRY, Phase, Shape, device
 
 GB = 1e9
 
@@ -218,20 +218,18 @@ class GpuBench:
         before each); then the same reader copying each file to the GPU after reading it
         (``limit-<tier>-gpu``): what the tier delivers into GPU memory when its reads and the
         host->GPU copies share the host."""
-        import torch
-
-        dev = torch.device("cpu") if DRY else torch.device("cuda:0")
+        dev = device()
         for name, root in (("disk", self.disk), ("shm", self.shm)):
             paths = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
                      if f.endswith(".kvs")]
             if not paths:
                 continue
             total = sum(os.path.getsize(p) for p in paths)
-            for row, device, how in ((f"limit-{name}", None, "plain O_DIRECT preadv"),
-                                     (f"limit-{name}-gpu", dev,
-                                      "plain O_DIRECT preadv + host->GPU copy")):
+            for row, into, how in ((f"limit-{name}", None, "plain O_DIRECT preadv"),
+                                   (f"limit-{name}-gpu", dev,
+                                    "plain O_DIRECT preadv + host->GPU copy")):
                 best, rates = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches,
-                                              device)
+                                              into)
                 c = self.results.setdefault(row, GpuConfig(row))
                 c.step_s.append(self.shape.step_bytes / best)
                 c.io.append(f"{how}, GB/s by threads: " + ", ".join(

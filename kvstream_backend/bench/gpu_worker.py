@@ -67,7 +67,7 @@ class Phase(msgspec.Struct, frozen=True):
     torch_threads: int = 1  # torch intra-op threads (0: torch's default, one per core)
 
 
-def _device():
+def device() -> Any:
     import torch
 
     return torch.device("cpu") if DRY else torch.device("cuda:0")
@@ -167,7 +167,7 @@ def _kv(s: Shape, zero: bool) -> list:
     import torch
 
     shape = (2, s.num_blocks, s.block_size, s.kv_heads, s.head_dim)
-    dev = _device()
+    dev = device()
     if zero:
         return [torch.zeros(shape, dtype=torch.bfloat16, device=dev) for _ in range(s.layers)]
     g = torch.Generator(device=dev).manual_seed(SEED)
@@ -248,7 +248,7 @@ def _step(eng: Any, kv: list, tokens: list, slots: list, it: int, tl: _Timeline)
 
     for t in kv:
         t.zero_()
-    dev = _device()
+    dev = device()
     slots_dev = [x.to(dev) for x in slots]
     _sync()
     kb = kvstream_backend_of(eng)
@@ -306,7 +306,7 @@ def run(p: Phase) -> dict:
             kb.engine.wait_warm(120)
         if p.kind in ("store", "same"):
             kv = _kv(s, zero=False)
-            slots = [_slots(b, s.block_size).to(_device()) for b in blocks_s]
+            slots = [_slots(b, s.block_size).to(device()) for b in blocks_s]
             t = time.perf_counter()
             for r in range(s.requests):
                 eng.store(tokens[r], mask=torch.ones(s.tokens, dtype=torch.bool), kvcaches=kv,

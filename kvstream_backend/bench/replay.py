@@ -42,7 +42,7 @@ from ..sim.plan import PrefillModel, Serving, TracePlan, plan, predict
 from ..sim.replay import load_trace
 from ..tables import table
 from . import plain
-from .gpu_worker import DRY
+from .gpu_worker import DRY, device
 from .replay_worker import ModelShape, ReplaySpec
 
 GB = 1e9
@@ -129,6 +129,7 @@ class ReplayBench:
         self.limit_samples: dict[str, list[float]] = {}
         self.to_gpu_samples: dict[str, list[float]] = {}
         self.prefill_samples: list[tuple[int, int, float]] = []
+        self.prefill: PrefillModel | None = None  # fitted on prefill_samples once they come
 
     @property
     def limits(self) -> dict[str, float]:
@@ -139,10 +140,6 @@ class ReplayBench:
     def to_gpu(self) -> dict[str, float]:
         """Each tier's rate into GPU memory: the best of the samples taken so far."""
         return {k: max(v) for k, v in self.to_gpu_samples.items()}
-
-    @property
-    def prefill(self) -> PrefillModel | None:
-        return PrefillModel.fit(self.prefill_samples) if self.prefill_samples else None
 
     # ---- LMCache configurations ----------------------------------------------------------
     def _stored_gb(self) -> float:
@@ -205,6 +202,8 @@ class ReplayBench:
                                 + rec.get("traceback", ""))
         if "requests" not in rec:  # the fill: stored (and timed the stand-in), replayed nothing
             self.prefill_samples = [tuple(x) for x in rec.get("prefill_samples", [])]
+            self.prefill = PrefillModel.fit(self.prefill_samples) if self.prefill_samples \
+                else None
             return ConfigResult(name, True, cuda_ops=rec.get("cuda_ops", ""),
                                 store=rec.get("store", {}))
         reqs, batches = rec["requests"], rec["batches"]
@@ -224,9 +223,7 @@ class ReplayBench:
         """Each tier's read limit apart from the engine: a plain O_DIRECT reader over up to
         ``sample`` bytes of kvstream's chunk files, the best of 1, 2, 4, ... threads; then the
         same into GPU memory."""
-        import torch
-
-        dev = torch.device("cpu") if DRY else torch.device("cuda:0")
+        dev = device()
         for name, root in (("disk", self.disk), ("shm", self.shm)):
             paths, total = [], 0
             for d, _, fs in os.walk(root):
