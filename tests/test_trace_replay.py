@@ -72,7 +72,8 @@ def test_kvsim_predicts_a_two_batch_queue_by_hand():
 
 def test_prefill_model_fit_recovers_its_terms_and_keeps_them_non_negative():
     true = PrefillModel(per_request_s=0.03, per_token_s=3e-5, per_pair_s=1e-9,
-                        per_prefix_pair_s=2e-9, per_prefix_token_s=1e-6)
+                        per_prefix_pair_s=2e-9, per_prefix_token_s=1e-6,
+                        per_prefixed_pair_s=6e-10)
     shapes = [(n, p) for n in (512, 3000, 9000, 24000) for p in (0, 4096, 16384, 40000)]
     fit = PrefillModel.fit([(n, p, true.seconds(n, p)) for n, p in shapes])
     for got, want in zip(msgspec.structs.astuple(fit), msgspec.structs.astuple(true),
@@ -84,8 +85,12 @@ def test_prefill_model_fit_recovers_its_terms_and_keeps_them_non_negative():
     assert min(msgspec.structs.astuple(fit)) >= 0 and fit.per_prefix_token_s == 0
     # without a prefix in the samples, the prefix terms stay zero rather than being guessed
     fit = PrefillModel.fit([(n, 0, 0.02 + 4e-5 * n) for n in (100, 1000, 5000, 20000)])
-    assert fit.per_prefix_pair_s == fit.per_prefix_token_s == 0
+    assert fit.per_prefix_pair_s == fit.per_prefix_token_s == fit.per_prefixed_pair_s == 0
     assert fit.seconds(1000, 0) == pytest.approx(0.06, rel=1e-6)
+    # the extra cost of attention among new tokens is paid only over a prefix
+    masked = PrefillModel(per_prefixed_pair_s=1e-9)
+    assert masked.seconds(1000, 0) == 0
+    assert masked.seconds(1000, 1) == pytest.approx(1000 * 1000 / 2 * 1e-9)
 
 
 CLI = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main; "
@@ -147,6 +152,24 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     assert {"kvstream p99 / best single tier's p99",
             "kvstream-last p99 / best single tier's p99"} <= targets
     assert (tmp_path / "r.png").stat().st_size > 0
+    # a stored report rescored (no replay, no device) gives back the run's own predictions
+    again = tmp_path / "rescored.json"
+    r = subprocess.run(CLI + ["--rescore", str(out), "--json", str(again)],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rescored = json.loads(again.read_text())
+    for a, b in zip(rep["configs"], rescored["configs"], strict=True):
+        for f in ("predicted_p50_s", "predicted_p90_s", "predicted_run_p50_s", "run_gbps"):
+            assert a[f] == pytest.approx(b[f]), (a["name"], f)
+    assert rescored["targets"] == rep["targets"]
+    # and names the report when it does not fit the plan it asks for
+    rep["segment_start"] += 1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(rep))
+    r = subprocess.run(CLI + ["--rescore", str(bad)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
+    assert r.returncode == 2 and "bad.json" in r.stdout, r.stdout[-2000:]
 
 
 def test_stand_in_attention_matches_transformers_over_a_cached_prefix(monkeypatch):

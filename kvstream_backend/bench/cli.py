@@ -86,6 +86,10 @@ def add_bench_parser(sub: Any) -> None:
                    help="divide the trace's inter-arrival times by this")
     g.add_argument("--token-budget", type=int, default=16384,
                    help="tokens prefilled per batch (vLLM's max_num_batched_tokens)")
+    g.add_argument("--rescore", metavar="REPORT.json",
+                   help="with --gpu --trace: no replay, no GPU; kvsim's predictions and the "
+                   "targets again from a stored report's measurements (its trace, requests, "
+                   "scale and budget; --json writes the rescored report)")
     p.set_defaults(func=run)
 
 
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("lmcache", "kvstream"):
         logging.getLogger(name).setLevel(logging.ERROR)
     console = Console()
-    if args.gpu and args.trace:
+    if args.gpu and (args.trace or args.rescore):
         from .replay import run_replay
 
         return run_replay(args, console)

@@ -10,10 +10,12 @@ before each phase; ``kvstream-last`` measures kvstream again after every other c
 (does its place in the order matter?). kvsim (:func:`~kvstream_backend.sim.plan.predict`) gets
 the same plan and what this run measured apart from the configurations:
 
-* each tier's rate into GPU memory, by the plain reader with a host->GPU copy after each read
-  (:func:`.plain.read_files` with a device), less the host->GPU time: the tier's share of a
-  retrieval when its reads and the copies share the host's memory bandwidth (the plain read
-  limits, without the copy, are reported beside it);
+* each tier's plain read limit (:func:`.plain.best_read`, O_DIRECT, the best thread count),
+  with the host->GPU copy after it, as LMCache copies each request after reading it. (Run 5,
+  2026-12-06, fed kvsim each tier's rate into GPU memory less the copy's time instead, and
+  missed by 16-25%: the plain reader overlaps its copies with its reads, shm reached 33.5 GB/s
+  into the GPU against 35.6 GB/s plain, so "less the copy" came to 200 GB/s. The rate into GPU
+  memory, :func:`.plain.read_files` with a device, is still measured and reported);
 * the host->GPU rate (``lmcache-cpu``'s retrieval);
 * the stand-in's prefill, a :class:`~kvstream_backend.sim.plan.PrefillModel` fitted on every
   request's shapes timed in the fill process.
@@ -93,7 +95,7 @@ class ReplayReport(msgspec.Struct):
     # evening have none)
     limit_samples_gbps: dict[str, list[float]] = {}
     # each tier read straight into GPU memory by the plain reader (best sample; reports before
-    # 2026-12-06 have none): kvsim's storage rate is what is left of it after host->GPU
+    # 2026-12-06 have none); reported beside the limits, not fed to kvsim
     to_gpu_gbps: dict[str, float] = {}
     # the stand-in's prefill, fitted on its timed shapes in the fill process (kvsim's prefill;
     # before 2026-12-06 kvsim used each configuration's average rate instead)
@@ -237,6 +239,31 @@ class ReplayBench:
                 best, _ = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches, dev)
                 self.to_gpu_samples.setdefault(name, []).append(best / GB)
 
+    def _split(self) -> float:
+        """static-best's disk share: the disk's part of the two tiers' summed limits after the
+        fill (the first sample of each)."""
+        first = {k: v[0] for k, v in self.limit_samples.items()}
+        return first.get("disk", 1.0) / max(sum(first.values()), 1e-9)
+
+    def rescore(self, rep: ReplayReport) -> ReplayReport:
+        """kvsim's predictions and the targets again, from what a stored report measured (no
+        GPU, nothing replayed): the report as this version of kvsim would have written it."""
+        if (rep.segment_start, rep.requests) != (self.plan.start, len(self.plan.requests)):
+            raise ValueError(f"the report replayed requests {rep.segment_start}.. of "
+                             f"{rep.requests}, this plan {self.plan.start}.. of "
+                             f"{len(self.plan.requests)}")
+        self.model = rep.model
+        self.notes = rep.notes
+        self.limit_samples = rep.limit_samples_gbps or {k: [v] for k, v in
+                                                        rep.limits_gbps.items()}
+        self.to_gpu_samples = {k: [v] for k, v in rep.to_gpu_gbps.items()}
+        self.prefill_samples = rep.prefill_samples
+        self.prefill = PrefillModel.fit(rep.prefill_samples) if rep.prefill_samples else None
+        configs = [msgspec.structs.replace(r, predicted_p50_s=None, predicted_p90_s=None,
+                                           p50_error=None, run_gbps=0.0,
+                                           predicted_run_p50_s=None) for r in rep.configs]
+        return self._report(configs, self._split())
+
     def run(self) -> ReplayReport:
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.rmtree(self.shm, ignore_errors=True)
@@ -260,7 +287,7 @@ class ReplayBench:
         self.notes.append(f"kvstream's tiers filled in {fill.store.get('store_s')} s "
                           "(both tiers, one process)")
         self._measure_limits()
-        g = self.limits.get("disk", 1.0) / max(sum(self.limits.values()), 1e-9)
+        g = self._split()
         self.notes.append(f"static-best splits at g = {g:.3f} (disk's share, from the limits)")
         results: list[ConfigResult] = []
         phases = [("kvstream", self._kvstream(["disk", "shm"]), False, False),
@@ -273,8 +300,8 @@ class ReplayBench:
                   ("nocache", {}, False, True),
                   ("kvstream-last", self._kvstream(["disk", "shm"]), False, False)]
         for name, cfg, store, recompute in phases:
-            self._checkpoint(results, g)
             results.append(self._phase(name, cfg, store, recompute))
+            self._checkpoint(results, g)
         self._measure_limits()
         self.notes.append("limits measured after the fill and after the last phase; kvsim takes "
                           "each tier's best")
@@ -298,17 +325,8 @@ class ReplayBench:
             with open(self.args.json, "wb") as f:
                 f.write(msgspec.json.format(msgspec.json.encode(self._report(results, g))))
 
-    def _storage_gbps(self, h2d: float) -> dict[str, float]:
-        """kvsim's storage rate of each tier: its rate into GPU memory with the host->GPU time
-        taken out (the plain read limit where that is not below host->GPU)."""
-        out = dict(self.limits)
-        for k, r in self.to_gpu.items():
-            if r < h2d:
-                out[k] = _net_of_copy(r, h2d)
-        return out
-
     def _predict(self, results: list[ConfigResult], g: float, h2d: float) -> None:
-        lim = self._storage_gbps(h2d)
+        lim = self.limits
         two = tuple(lim.get(t, 0.0) for t in TWO_TIERS)
         tiers = {"kvstream": two, "kvstream-last": two, "static-best": two,
                  "kvstream-disk": two[:1], "kvstream-shm": two[1:], "lmcache-disk": two[:1],
@@ -397,10 +415,9 @@ def render(rep: ReplayReport, console: Any) -> None:
                   f"{r.ttft_p99_s:.2f}", f"{r.storage_share:.0%}", f"{r.retrieved_gb:.1f}",
                   *sim, run)
     console.print(t)
-    fed = "each tier's rate into GPU memory" if rep.to_gpu_gbps else "the plain limits"
     console.print("TTFT in seconds; wait: the share of TTFT spent waiting for storage; sim50: "
-                  f"kvsim's p50 from {fed} (err: against the measured p50); run50: kvsim's "
-                  "p50 fed the read rates this run achieved")
+                  "kvsim's p50 from the plain limits and host->GPU (err: against the measured "
+                  "p50); run50: kvsim's p50 fed the read rates this run achieved")
     for r in rep.configs:
         if not r.ok:
             console.print(f"[red]{r.name} failed:[/] {r.error.splitlines()[0]}")
@@ -455,6 +472,21 @@ def plot(rep: ReplayReport, path: str) -> None:
 
 
 def run_replay(args: Any, console: Any) -> int:
+    if args.rescore:
+        with open(args.rescore, "rb") as f:
+            stored = msgspec.json.decode(f.read(), type=ReplayReport)
+        args.trace, args.trace_requests = stored.trace, stored.requests
+        args.trace_scale, args.token_budget = stored.time_scale, stored.token_budget
+        try:
+            rep = ReplayBench(args, console).rescore(stored)
+        except ValueError as e:
+            console.print(f"[red]error:[/] {args.rescore}: {e}")
+            return 2
+        render(rep, console)
+        if args.json:
+            with open(args.json, "wb") as f:
+                f.write(msgspec.json.format(msgspec.json.encode(rep)))
+        return 0
     if not DRY:
         import torch
 
