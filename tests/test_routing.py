@@ -240,6 +240,34 @@ def test_the_lookups_before_the_gets_are_one_pool_claimed_from_both_ends() -> No
     assert r.step_done() and r.pools == 2
 
 
+def test_a_slow_tier_leaves_a_short_open_pool_to_the_front() -> None:
+    """The first request's lookup is the whole open pool for a moment. The slow tier (1.5 GB/s
+    against 30 GB/s, both measured) does not take its last chunks: the later lookups would put
+    them first in line. Once the pool is long enough that the fast tier would reach its back
+    later than the slow tier delivers it, the slow tier claims the back. A sealed pool (the
+    gets have begun: its back is final) it claims without the guard."""
+    size = 32 << 20
+
+    def measured() -> ClaimRouter:
+        r = ClaimRouter(2, 4, window=8)
+        for t, gbps in ((0, 30e9), (1, 1.5e9)):  # tier 0 is the fast one: it takes the front
+            i = r.add({0, 1}, size)
+            assert r.claim(t, 0.0) == [i] and r.complete(t, i, size / gbps)
+        return r
+
+    r = measured()
+    first = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    assert r.claim(1, 1.0) == [], "16 chunks: the fast tier reaches the back in 18 ms"
+    rest = [r.add({0, 1}, size, lookup=True) for _ in range(112)]
+    got = r.claim(1, 1.0)
+    assert got == rest[::-1][:len(got)] and got, "128 chunks: the back is worth reading"
+    assert all(r.state(i) == UNCLAIMED for i in first)
+    r = measured()
+    first = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    r.demand(first[0])
+    assert r.claim(1, 1.0) == first[::-1][:4]
+
+
 def test_a_get_without_a_lookup_joins_the_step_served() -> None:
     r = ClaimRouter(2, 4, hedge=False, window=4)
     step = [r.add({0, 1}, lookup=True) for _ in range(4)]
