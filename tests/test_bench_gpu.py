@@ -69,3 +69,29 @@ def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
     assert [t["goal"] for t in rep["targets"]] == ["<= 0.95", "<= 0.95", ">= 0.8", ">= 0.8",
                                                    ">= 0.8", ">= 0.8", ">= 0.8", ">= 1.35",
                                                    "<= 1.1"]
+
+
+def test_gpu_only_runs_the_named_configurations_and_refuses_unknown_ones(tmp_path):
+    out = tmp_path / "gpu.json"
+    shm = f"/dev/shm/kvs-gpu-only-{os.getpid()}"
+    os.makedirs(shm)
+    args = ["--gpu-shape", "2,2,64,16", "--requests", "3", "--gpu-tokens", "512",
+            "--gpu-rounds", "1", "--gpu-iters", "1", "--workdir", str(tmp_path),
+            "--gpu-shm", shm]
+    env = {**os.environ, "KVSTREAM_GPU_DRY": "1"}
+    try:
+        bad = subprocess.run(CLI + args + ["--gpu-only", "kvstream,kvstream-hdd"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        r = subprocess.run(CLI + args + ["--gpu-only", "kvstream-shm,kvstream",
+                                         "--json", str(out)],
+                           capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        subprocess.run(["rm", "-rf", shm], check=False)
+    assert bad.returncode == 2 and "--gpu-only" in bad.stdout and "kvstream-hdd" in bad.stdout
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    assert {c["name"] for c in rep["configs"]} == {"kvstream", "kvstream-shm"}
+    assert all(c["identical"] == [True] for c in rep["configs"])
+    # only targets whose rows ran
+    assert [t["name"] for t in rep["targets"]] == [
+        "kvstream step / best single tier's step", "kvstream step / max(storage read, host->GPU)"]

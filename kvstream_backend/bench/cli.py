@@ -74,6 +74,10 @@ def add_bench_parser(sub: Any) -> None:
     g.add_argument("--gpu-rounds", type=int, default=2, help="interleaved rounds")
     g.add_argument("--gpu-iters", type=int, default=2, help="steps per configuration and round")
     g.add_argument("--gpu-shm", default="/dev/shm", help="where the memory tier is created")
+    g.add_argument("--gpu-only", metavar="A,B,...",
+                   help="run only these configurations (kvstream-disk, kvstream-shm, kvstream, "
+                   "kvstream-rev, static-0.5, static-0.7, kvstream-emu, limits, lmcache-disk, "
+                   "lmcache-cpu; default: all)")
     g.add_argument("--gpu-torch-threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads in each phase (default 1, as vLLM's GPU "
                    "worker serves; 0: torch's default, one per core)")
