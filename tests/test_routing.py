@@ -156,19 +156,42 @@ def test_an_idle_fast_tier_hedges_the_slow_tiers_late_reads() -> None:
 
 
 def test_hedging_is_bounded_per_tier_per_pool() -> None:
+    """The tail: every chunk claimed, two reads (tiers 0 and 2, neither measured, so both
+    late) left when tier 1 runs dry: it re-reads one, the budget max(m, other windows) = 1."""
     r = ClaimRouter(3, 1, window=1)
-    for _ in range(4):
+    for _ in range(3):
         r.add({0, 1, 2})
     assert r.claim(0, 0.0) == [0]
-    assert r.claim(1, 0.0) == [3]
+    assert r.claim(1, 0.0) == [2]
     assert r.claim(2, 0.0) == [1]
-    assert r.complete(1, 3, 0.1)
-    assert r.claim(1, 0.1) == [2]
-    assert r.complete(1, 2, 0.2)
-    assert r.claim(1, 0.2) in ([0], [1])  # a hedge (budget max(m, other windows) = 1)
-    assert r.outstanding(1) == 1 and r.hedged[1] == 1
+    assert r.complete(1, 2, 0.1)
+    hedge = r.claim(1, 0.1)
+    assert hedge in ([0], [1])
+    assert r.complete(1, hedge[0], 0.2)
+    assert r.claim(1, 0.2) == [], "the other late read is not re-read: the budget is spent"
+    assert r.outstanding(1) == 0 and r.hedged[1] == 1
     r.reset()
     assert r.hedged == [0, 0, 0]
+
+
+def test_the_front_tier_first_hedges_a_slower_tiers_read_in_front_of_it() -> None:
+    """A process's first step: before any rate is measured, the configuration order gives tier
+    0 (the slow one) the front. Once tier 1 finishes a read it is ranked first and takes the
+    front; tier 0's reads of the first chunks are then in front of everything tier 1 would
+    claim, and the gets wait on them first: tier 1 re-reads them before its own next claims.
+    Without such a read in front, the front tier claims in order and hedges only at the end."""
+    size = 32 << 20
+    r = ClaimRouter(2, 4, window=8)
+    ids = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    r.demand(ids[0])
+    assert r.claim(0, 0.0) == ids[:4]  # unmeasured: the configuration order
+    assert r.claim(1, 0.0) == ids[::-1][:4]
+    assert r.complete(1, ids[15], size / 30e9)  # tier 1 is measured: it is ranked first
+    assert r.claim(1, size / 30e9) == ids[:4], "tier 0's reads at the front, re-read first"
+    assert r.claim(1, size / 30e9) == [ids[4]]  # then its own claims, from the front
+    for i in ids[:4]:
+        assert r.complete(1, i, 0.01)
+    assert not any(r.complete(0, i, 0.1) for i in ids[:4])  # tier 0's copies come too late
 
 
 def test_failure_moves_the_chunk_to_another_holder() -> None:

@@ -39,8 +39,13 @@ late). The window stays within ``[min_window, max_window]``; before the first co
 **Hedges.** After its own claims in a pool, a tier with room re-reads chunks of that pool in
 flight on other tiers, if it would deliver them sooner: its own reads queued ahead of the
 hedge, at its measured rate, against the other tier's reads started before that chunk (and
-half of it), at that tier's rate; the first copy to land wins.
-At most ``max(m, the largest other window)`` hedges per tier per pool.
+half of it), at that tier's rate (a tier that has not finished a read yet counts as late); the
+first copy to land wins. At most ``max(m, the largest other window)`` such hedges per tier per
+pool. A tier claiming from the front first hedges, the same way, reads that lie *before* its
+next claim: the gets wait on them before anything it would claim. That happens where another
+tier took the front before the rates were known (a process's first step, where the
+configuration order decides) and then proved slower. These hedges are bounded by the other
+tiers' windows and leave the pool's budget for its tail.
 
 Call protocol (one driver thread): ``add`` registers a chunk and returns its id; ``claim(tier,
 now)`` whenever a tier may have room (after completions and additions); each claimed read ends
@@ -302,6 +307,12 @@ class ClaimRouter:
         for pool in self._pools:  # (claiming never adds or removes a pool)
             if room <= 0:
                 break
+            if self.hedge and self._front[tier] and pool.unclaimed:
+                # another tier's read in front of our first claim: it holds up the gets
+                self._trim(pool)
+                room -= self._hedge(pool, tier, now, room, picks, before=pool.lo)
+                if room <= 0:
+                    break
             for i in self._unclaimed(pool, tier, ahead):
                 if not pool.sealed and not self._sooner(tier, i, len(picks)):
                     break
@@ -326,14 +337,8 @@ class ClaimRouter:
         """Unclaimed chunks of ``pool`` that ``tier`` holds, from its end."""
         if not pool.unclaimed:
             return
+        self._trim(pool)
         ids, base = pool.ids, pool.base
-        while pool.lo <= pool.hi and self._state(ids[pool.lo - base]) != UNCLAIMED:
-            pool.lo += 1
-        while pool.hi >= pool.lo and self._state(ids[pool.hi - base]) != UNCLAIMED:
-            pool.hi -= 1
-        if pool.lo - base > COMPACT_AT and pool.lo - base > len(ids) // 2:
-            del ids[: pool.lo - base]  # an endless pool (a server's loads) stays bounded
-            pool.base = base = pool.lo
         span = range(pool.lo - base, pool.hi - base + 1)
         for j in span if self._front[tier] else reversed(span):
             i = ids[j]
@@ -341,6 +346,18 @@ class ClaimRouter:
             if (c is not None and c.state == UNCLAIMED and tier in c.holders
                     and (ahead or c.demanded)):
                 yield i
+
+    def _trim(self, pool: _Pool) -> None:
+        """Narrow ``[lo, hi]`` to the first and last unclaimed chunk; cut a long claimed
+        prefix."""
+        ids, base = pool.ids, pool.base
+        while pool.lo <= pool.hi and self._state(ids[pool.lo - base]) != UNCLAIMED:
+            pool.lo += 1
+        while pool.hi >= pool.lo and self._state(ids[pool.hi - base]) != UNCLAIMED:
+            pool.hi -= 1
+        if pool.lo - base > COMPACT_AT and pool.lo - base > len(ids) // 2:
+            del ids[: pool.lo - base]  # an endless pool (a server's loads) stays bounded
+            pool.base = pool.lo
 
     def _sooner(self, tier: int, i: int, picked: int) -> bool:
         """Whether ``tier`` would deliver chunk ``i`` of an open pool before the tiers that
@@ -360,9 +377,17 @@ class ClaimRouter:
         c = self._chunks.get(i)
         return DEAD if c is None else c.state
 
-    def _hedge(self, pool: _Pool, tier: int, now: float, room: int, picks: list[int]) -> int:
-        others = [self.window(t) for t in range(self.n_tiers) if t != tier]
-        budget = min(room, max([self.m, *others]) - pool.hedged[tier])
+    def _hedge(self, pool: _Pool, tier: int, now: float, room: int, picks: list[int],
+               before: int | None = None) -> int:
+        """Re-read, up to ``room``, chunks of ``pool`` in flight on other tiers that ``tier``
+        would deliver sooner; returns how many were picked. ``before``: only those at positions
+        before it, outside the pool's hedge budget (which stays for the tail: they are bounded
+        by the other tiers' windows, and a tier re-reads a chunk at most once)."""
+        if before is None:
+            others = [self.window(t) for t in range(self.n_tiers) if t != tier]
+            budget = min(room, max([self.m, *others]) - pool.hedged[tier])
+        else:
+            budget = room
         rate = self._rate[tier]
         if budget <= 0 or not rate or not pool.inflight:
             return 0
@@ -370,7 +395,8 @@ class ClaimRouter:
         queued = self._outstanding[tier] + len(picks)  # reads of ours ahead of a hedge
         for i in list(pool.inflight):
             c = self._chunks[i]
-            if tier in c.readers or tier not in c.holders or i in picks:
+            if (tier in c.readers or tier not in c.holders or i in picks
+                    or (before is not None and c.pos >= before)):
                 continue
             mine = now + (queued + 1) * c.size / rate  # Little's law: our queue, our rate
             if all(mine < self._eta(o, i, c.size, now) for o in c.readers):
@@ -379,7 +405,8 @@ class ClaimRouter:
                 n += 1
                 if n == budget:
                     break
-        pool.hedged[tier] += n
+        if before is None:
+            pool.hedged[tier] += n
         self.hedged[tier] += n
         return n
 
