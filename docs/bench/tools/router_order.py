@@ -1,10 +1,10 @@
 """The router alone (no I/O): three steps of one process, two tiers reading serially at fixed
 rates, chunks added as LMCache's lookups add them (one request's chunks at a time, a few ms
 apart), then the gets. Prints per step which chunk positions the slow tier read (``*``: a
-hedge, or a chunk the fast tier then re-read), when the first request's chunks were all in, when every chunk was, and the hedges
-so far per tier. Reads are served one after another per tier, so a tier's parallel reads do
-not finish together as the H200's virtio disk's did: the first request's delay seen there
-does not show here, only where each tier reads.
+hedge, or a chunk the fast tier then re-read), when the first request's chunks were all in,
+when every chunk was, and the hedges so far per tier. Reads are served one after another per
+tier, so a tier's parallel reads do not finish together as the H200's virtio disk's did: the
+first request's delay seen there does not show here, only where each tier reads.
 
 Usage: ``python router_order.py [SLOW_GBPS FAST_GBPS]`` (default 1.5 35: the H200's virtio disk
 and /dev/shm). The slow tier is listed first, as in ``kvstream bench --gpu``'s ``kvstream``
