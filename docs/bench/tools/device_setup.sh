@@ -5,10 +5,17 @@
 export LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 VLLM_NO_USAGE_STATS=1 PYTHONHASHSEED=0
 export PYTHONPATH=/tmp/site:/tmp/nat:$PWD
 if ! python3 -c "import lmcache.cuda_ops" 2>/dev/null; then
-  (time bash .lmbuild/build-lmcache.sh) > $OUT/build.log 2>&1
-  # the wheel just built comes back: put it in .whl/ here, and the next fresh machine installs
-  # it with the other wheels instead of building (100-130 s of device time)
-  cp /tmp/lmwheel/lmcache-*.whl $OUT/ 2>/dev/null
+  if ls .whl/lmcache-*.whl > /dev/null 2>&1; then
+    # LMCache built by an earlier call for this machine's torch (sm_90): install, no build;
+    # such a call carries only [".whl"] (37 MiB), not .lmbuild
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl > $OUT/build.log 2>&1
+  else
+    (time bash .lmbuild/build-lmcache.sh) > $OUT/build.log 2>&1
+    # the wheel just built comes back: put it in .whl/ here (fetch.sh's folder, git-excluded)
+    # and the next fresh machine installs it instead of building (100-170 s of device time)
+    cp /tmp/lmwheel/lmcache-*.whl $OUT/ 2>/dev/null
+  fi
 fi
 EXT=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 INC=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
