@@ -191,6 +191,8 @@ def test_the_front_tier_first_hedges_a_slower_tiers_read_in_front_of_it() -> Non
     assert r.claim(1, size / 30e9) == [ids[4]]  # then its own claims, from the front
     for i in ids[:4]:
         assert r.complete(1, i, 0.01)
+    again = r.claim(1, 0.01)
+    assert again and not set(again) & set(ids[:4]), "a delivered chunk is never read again"
     assert not any(r.complete(0, i, 0.1) for i in ids[:4])  # tier 0's copies come too late
 
 

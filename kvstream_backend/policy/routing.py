@@ -310,9 +310,12 @@ class ClaimRouter:
             if self.hedge and self._front[tier] and pool.unclaimed:
                 # another tier's read in front of our first claim: it holds up the gets
                 self._trim(pool)
-                room -= self._hedge(pool, tier, now, room, picks, before=pool.lo)
-                if room <= 0:
-                    break
+                ahead_of_us = [i for o in range(self.n_tiers) if o != tier
+                               for i in self._started[o] if self._before(i, pool)]
+                if ahead_of_us:
+                    room -= self._hedge(pool, tier, now, room, picks, ahead_of_us)
+                    if room <= 0:
+                        break
             for i in self._unclaimed(pool, tier, ahead):
                 if not pool.sealed and not self._sooner(tier, i, len(picks)):
                     break
@@ -377,13 +380,19 @@ class ClaimRouter:
         c = self._chunks.get(i)
         return DEAD if c is None else c.state
 
+    def _before(self, i: int, pool: _Pool) -> bool:
+        """Whether chunk ``i`` is being read for ``pool`` (not delivered yet), before the pool's
+        first unclaimed chunk."""
+        return i in pool.inflight and self._chunks[i].pos < pool.lo
+
     def _hedge(self, pool: _Pool, tier: int, now: float, room: int, picks: list[int],
-               before: int | None = None) -> int:
+               ahead_of_us: list[int] | None = None) -> int:
         """Re-read, up to ``room``, chunks of ``pool`` in flight on other tiers that ``tier``
-        would deliver sooner; returns how many were picked. ``before``: only those at positions
-        before it, outside the pool's hedge budget (which stays for the tail: they are bounded
-        by the other tiers' windows, and a tier re-reads a chunk at most once)."""
-        if before is None:
+        would deliver sooner; returns how many were picked. ``ahead_of_us``: only these (reads
+        before the pool's first unclaimed chunk), outside the pool's hedge budget, which stays
+        for the tail (they are bounded by the other tiers' windows, and a tier re-reads a chunk
+        at most once)."""
+        if ahead_of_us is None:
             others = [self.window(t) for t in range(self.n_tiers) if t != tier]
             budget = min(room, max([self.m, *others]) - pool.hedged[tier])
         else:
@@ -393,10 +402,9 @@ class ClaimRouter:
             return 0
         n = 0
         queued = self._outstanding[tier] + len(picks)  # reads of ours ahead of a hedge
-        for i in list(pool.inflight):
+        for i in list(pool.inflight) if ahead_of_us is None else ahead_of_us:
             c = self._chunks[i]
-            if (tier in c.readers or tier not in c.holders or i in picks
-                    or (before is not None and c.pos >= before)):
+            if tier in c.readers or tier not in c.holders or i in picks:
                 continue
             mine = now + (queued + 1) * c.size / rate  # Little's law: our queue, our rate
             if all(mine < self._eta(o, i, c.size, now) for o in c.readers):
@@ -405,7 +413,7 @@ class ClaimRouter:
                 n += 1
                 if n == budget:
                     break
-        if before is None:
+        if ahead_of_us is None:
             pool.hedged[tier] += n
         self.hedged[tier] += n
         return n
