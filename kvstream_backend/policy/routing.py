@@ -25,8 +25,9 @@ the front reach it (their reads in flight and the chunks before it, at their sum
 Otherwise the slow tier, claiming at the first request's lookup, reads that request's last
 chunks, which the later lookups put first in line for the gets: on an H200 (disk at 1.5 GB/s
 beside /dev/shm at 35 GB/s) the first request of every step waited 30 ms longer than the
-second for the disk's three chunks. Before both ends are measured the guard lets every claim
-through; a sealed pool is claimed without it.
+second for the disk's three chunks. A tier the guard turns away does not hedge in that pool
+either: the front's reads in flight land sooner still. Before both ends are measured the guard
+lets every claim through; a sealed pool is claimed without it.
 
 **Windows.** A tier keeps at most ``window(tier)`` reads in flight. With ``window=None``
 (auto) it follows Little's law: ``ceil(rate * target_s / chunk size) + 1``, where ``rate`` is
@@ -316,8 +317,10 @@ class ClaimRouter:
                     room -= self._hedge(pool, tier, now, room, picks, ahead_of_us)
                     if room <= 0:
                         break
+            refused = False
             for i in self._unclaimed(pool, tier, ahead):
                 if not pool.sealed and not self._sooner(tier, i, len(picks)):
+                    refused = True  # (nor a hedge here: the front's reads land sooner still)
                     break
                 c = self._chunks[i]
                 c.state = INFLIGHT
@@ -327,7 +330,7 @@ class ClaimRouter:
                 room -= 1
                 if not room:
                     break
-            if room > 0 and self.hedge:
+            if room > 0 and self.hedge and not refused:
                 room -= self._hedge(pool, tier, now, room, picks)
         self._advance(tier, now)
         for i in picks:
@@ -402,6 +405,13 @@ class ClaimRouter:
             return 0
         n = 0
         queued = self._outstanding[tier] + len(picks)  # reads of ours ahead of a hedge
+        # A chunk's size cancels out of ``mine < eta``: a read of tier ``o`` can be beaten only
+        # if (queued + 1) / rate < (its place in o's reads + 0.5) / o's rate. When not even o's
+        # newest read can, for every other tier, nothing can: skip the scan (the slow tier's
+        # claims would otherwise walk the fast tier's whole window every time).
+        if all(self._rate[o] and (queued + 1) * self._rate[o] >= (len(self._started[o]) - 0.5)
+               * rate for o in range(self.n_tiers) if o != tier):
+            return 0
         for i in list(pool.inflight) if ahead_of_us is None else ahead_of_us:
             c = self._chunks[i]
             if tier in c.readers or tier not in c.holders or i in picks:
