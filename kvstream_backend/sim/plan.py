@@ -124,7 +124,8 @@ class PrefillModel(msgspec.Struct, frozen=True):
     attention of the new tokens over the prefix, bringing the prefix's KV into the forward, and
     what attention among the new tokens costs extra once there is a prefix at all (the stand-in's
     attention then takes a masked kernel: on an H200, 34182 new tokens took 1.85 s over a
-    512-token prefix and 1.49 s over none, a gap the ``new * prefix`` term cannot make).
+    512-token prefix and 34694 took 1.49 s over none, a gap the ``new * prefix`` term cannot
+    make).
     A batch prefills its requests one after another (the stand-in does), so it takes their sum.
     """
 
