@@ -170,6 +170,10 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     r = subprocess.run(CLI + ["--rescore", str(bad)], capture_output=True, text=True,
                        timeout=300, env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
     assert r.returncode == 2 and "bad.json" in r.stdout, r.stdout[-2000:]
+    (tmp_path / "torn.json").write_text(out.read_text()[:1000])  # a report cut short
+    r = subprocess.run(CLI + ["--rescore", str(tmp_path / "torn.json")], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
+    assert r.returncode == 2 and "torn.json" in r.stdout and "not a replay report" in r.stdout
 
 
 def test_stand_in_attention_matches_transformers_over_a_cached_prefix(monkeypatch):

@@ -473,8 +473,12 @@ def plot(rep: ReplayReport, path: str) -> None:
 
 def run_replay(args: Any, console: Any) -> int:
     if args.rescore:
-        with open(args.rescore, "rb") as f:
-            stored = msgspec.json.decode(f.read(), type=ReplayReport)
+        try:
+            with open(args.rescore, "rb") as f:
+                stored = msgspec.json.decode(f.read(), type=ReplayReport)
+        except (OSError, msgspec.DecodeError) as e:  # (ValidationError is a DecodeError)
+            console.print(f"[red]error:[/] {args.rescore}: not a replay report: {e}")
+            return 2
         args.trace, args.trace_requests = stored.trace, stored.requests
         args.trace_scale, args.token_budget = stored.time_scale, stored.token_budget
         try:

@@ -409,8 +409,8 @@ class ClaimRouter:
         # if (queued + 1) / rate < (its place in o's reads + 0.5) / o's rate. When not even o's
         # newest read can, for every other tier, nothing can: skip the scan (the slow tier's
         # claims would otherwise walk the fast tier's whole window every time).
-        if all(self._rate[o] and (queued + 1) * self._rate[o] >= (len(self._started[o]) - 0.5)
-               * rate for o in range(self.n_tiers) if o != tier):
+        if all((r := self._rate[o]) and (queued + 1) * r >= (len(self._started[o]) - 0.5) * rate
+               for o in range(self.n_tiers) if o != tier):
             return 0
         for i in list(pool.inflight) if ahead_of_us is None else ahead_of_us:
             c = self._chunks[i]
