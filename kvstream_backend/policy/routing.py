@@ -15,19 +15,8 @@ before any measurement the configuration order decides, and the ends swap as soo
 measurements disagree with it (so the order tiers are listed in does not matter). A tier that
 finishes a read claims again, up to ``m`` chunks at a time, so tiers meet wherever their
 bandwidths put the meeting point, with no split computed in advance. A tier only claims chunks
-it holds; no tier has room while an unclaimed chunk it holds remains in a sealed pool (work
+it holds; no tier has room while an unclaimed chunk it holds remains in a pool (work
 conservation).
-
-**Open pools.** The back of an open pool is only the back so far: the next lookup's chunks go
-after it. A tier claiming from the back therefore takes a chunk of an open pool only if it
-would deliver it (its reads queued ahead, at its measured rate) before the tiers claiming from
-the front reach it (their reads in flight and the chunks before it, at their summed rate).
-Otherwise the slow tier, claiming at the first request's lookup, reads that request's last
-chunks, which the later lookups put first in line for the gets: on an H200 (disk at 1.5 GB/s
-beside /dev/shm at 35 GB/s) the first request of every step waited 30 ms longer than the
-second for the disk's three chunks. A tier the guard turns away does not hedge in that pool
-either: the front's reads in flight land sooner still. Before both ends are measured the guard
-lets every claim through; a sealed pool is claimed without it.
 
 **Windows.** A tier keeps at most ``window(tier)`` reads in flight. With ``window=None``
 (auto) it follows Little's law: ``ceil(rate * target_s / chunk size) + 1``, where ``rate`` is
@@ -40,13 +29,8 @@ late). The window stays within ``[min_window, max_window]``; before the first co
 **Hedges.** After its own claims in a pool, a tier with room re-reads chunks of that pool in
 flight on other tiers, if it would deliver them sooner: its own reads queued ahead of the
 hedge, at its measured rate, against the other tier's reads started before that chunk (and
-half of it), at that tier's rate (a tier that has not finished a read yet counts as late); the
-first copy to land wins. At most ``max(m, the largest other window)`` such hedges per tier per
-pool. A tier claiming from the front first hedges, the same way, reads that lie *before* its
-next claim: the gets wait on them before anything it would claim. That happens where another
-tier took the front before the rates were known (a process's first step, where the
-configuration order decides) and then proved slower. These hedges are bounded by the other
-tiers' windows and leave the pool's budget for its tail.
+half of it), at that tier's rate; the first copy to land wins.
+At most ``max(m, the largest other window)`` hedges per tier per pool.
 
 Call protocol (one driver thread): ``add`` registers a chunk and returns its id; ``claim(tier,
 now)`` whenever a tier may have room (after completions and additions); each claimed read ends
@@ -308,20 +292,7 @@ class ClaimRouter:
         for pool in self._pools:  # (claiming never adds or removes a pool)
             if room <= 0:
                 break
-            if self.hedge and self._front[tier] and pool.unclaimed:
-                # another tier's read in front of our first claim: it holds up the gets
-                self._trim(pool)
-                ahead_of_us = [i for o in range(self.n_tiers) if o != tier
-                               for i in self._started[o] if self._before(i, pool)]
-                if ahead_of_us:
-                    room -= self._hedge(pool, tier, now, room, picks, ahead_of_us)
-                    if room <= 0:
-                        break
-            refused = False
             for i in self._unclaimed(pool, tier, ahead):
-                if not pool.sealed and not self._sooner(tier, i, len(picks)):
-                    refused = True  # (nor a hedge here: the front's reads land sooner still)
-                    break
                 c = self._chunks[i]
                 c.state = INFLIGHT
                 pool.unclaimed -= 1
@@ -330,7 +301,7 @@ class ClaimRouter:
                 room -= 1
                 if not room:
                     break
-            if room > 0 and self.hedge and not refused:
+            if room > 0 and self.hedge:
                 room -= self._hedge(pool, tier, now, room, picks)
         self._advance(tier, now)
         for i in picks:
@@ -343,8 +314,14 @@ class ClaimRouter:
         """Unclaimed chunks of ``pool`` that ``tier`` holds, from its end."""
         if not pool.unclaimed:
             return
-        self._trim(pool)
         ids, base = pool.ids, pool.base
+        while pool.lo <= pool.hi and self._state(ids[pool.lo - base]) != UNCLAIMED:
+            pool.lo += 1
+        while pool.hi >= pool.lo and self._state(ids[pool.hi - base]) != UNCLAIMED:
+            pool.hi -= 1
+        if pool.lo - base > COMPACT_AT and pool.lo - base > len(ids) // 2:
+            del ids[: pool.lo - base]  # an endless pool (a server's loads) stays bounded
+            pool.base = base = pool.lo
         span = range(pool.lo - base, pool.hi - base + 1)
         for j in span if self._front[tier] else reversed(span):
             i = ids[j]
@@ -353,53 +330,13 @@ class ClaimRouter:
                     and (ahead or c.demanded)):
                 yield i
 
-    def _trim(self, pool: _Pool) -> None:
-        """Narrow ``[lo, hi]`` to the first and last unclaimed chunk; cut a long claimed
-        prefix."""
-        ids, base = pool.ids, pool.base
-        while pool.lo <= pool.hi and self._state(ids[pool.lo - base]) != UNCLAIMED:
-            pool.lo += 1
-        while pool.hi >= pool.lo and self._state(ids[pool.hi - base]) != UNCLAIMED:
-            pool.hi -= 1
-        if pool.lo - base > COMPACT_AT and pool.lo - base > len(ids) // 2:
-            del ids[: pool.lo - base]  # an endless pool (a server's loads) stays bounded
-            pool.base = pool.lo
-
-    def _sooner(self, tier: int, i: int, picked: int) -> bool:
-        """Whether ``tier`` would deliver chunk ``i`` of an open pool before the tiers that
-        claim from the front reach it (see the module doc); True where it claims from the front
-        or a rate is not measured yet."""
-        c = self._chunks[i]
-        rate = self._rate[tier]
-        fronts = [t for t in c.holders if self._front[t] and t != tier]
-        front_rate = sum(self._rate[t] or 0.0 for t in fronts)
-        if self._front[tier] or not rate or not front_rate or c.pool is None:
-            return True
-        mine = (self._outstanding[tier] + picked + 1) / rate
-        theirs = (sum(self._outstanding[t] for t in fronts) + c.pos - c.pool.lo) / front_rate
-        return mine < theirs
-
     def _state(self, i: int) -> int:
         c = self._chunks.get(i)
         return DEAD if c is None else c.state
 
-    def _before(self, i: int, pool: _Pool) -> bool:
-        """Whether chunk ``i`` is being read for ``pool`` (not delivered yet), before the pool's
-        first unclaimed chunk."""
-        return i in pool.inflight and self._chunks[i].pos < pool.lo
-
-    def _hedge(self, pool: _Pool, tier: int, now: float, room: int, picks: list[int],
-               ahead_of_us: list[int] | None = None) -> int:
-        """Re-read, up to ``room``, chunks of ``pool`` in flight on other tiers that ``tier``
-        would deliver sooner; returns how many were picked. ``ahead_of_us``: only these (reads
-        before the pool's first unclaimed chunk), outside the pool's hedge budget, which stays
-        for the tail (they are bounded by the other tiers' windows, and a tier re-reads a chunk
-        at most once)."""
-        if ahead_of_us is None:
-            others = [self.window(t) for t in range(self.n_tiers) if t != tier]
-            budget = min(room, max([self.m, *others]) - pool.hedged[tier])
-        else:
-            budget = room
+    def _hedge(self, pool: _Pool, tier: int, now: float, room: int, picks: list[int]) -> int:
+        others = [self.window(t) for t in range(self.n_tiers) if t != tier]
+        budget = min(room, max([self.m, *others]) - pool.hedged[tier])
         rate = self._rate[tier]
         if budget <= 0 or not rate or not pool.inflight:
             return 0
@@ -412,7 +349,7 @@ class ClaimRouter:
         if all((r := self._rate[o]) and (queued + 1) * r >= (len(self._started[o]) - 0.5) * rate
                for o in range(self.n_tiers) if o != tier):
             return 0
-        for i in list(pool.inflight) if ahead_of_us is None else ahead_of_us:
+        for i in list(pool.inflight):
             c = self._chunks[i]
             if tier in c.readers or tier not in c.holders or i in picks:
                 continue
@@ -423,8 +360,7 @@ class ClaimRouter:
                 n += 1
                 if n == budget:
                     break
-        if ahead_of_us is None:
-            pool.hedged[tier] += n
+        pool.hedged[tier] += n
         self.hedged[tier] += n
         return n
 

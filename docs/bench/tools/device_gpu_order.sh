@@ -1,8 +1,8 @@
 #!/bin/bash
-# One device call (issue 20): the two-tier step (disk listed first) against /dev/shm alone,
-# after the open-pool guard (the slow tier no longer reads the first request's tail at its
-# lookup). Three steps per process: the first is cold (no rates measured yet). GPU_ONLY picks
-# the configurations (default kvstream-shm,kvstream).
+# One device call (issue 20): the two-tier step (disk listed first) against /dev/shm alone;
+# in run 6 the slow tier read the first request's tail at its lookup. Three steps per
+# process: the first is cold (no rates measured yet). GPU_ONLY picks the configurations
+# (default kvstream-shm,kvstream).
 T0=$(date +%s)
 source docs/bench/tools/device_setup.sh
 echo "setup took $(( $(date +%s) - T0 )) s" >> $OUT/machine.log
