@@ -32,7 +32,7 @@ from .. import format as fmt
 from ..config import parse_config
 from ..io import files
 from ..tiers.emulate import serial_seconds, tier_throttle
-from .report import BenchReport, ConfigResult, Target, TierResult, WriteRow, plot, render
+from .report import BenchReport, ConfigResult, Target, TierResult, WriteRow, plot, render, save
 
 DEFAULT_PFS = {"read_mbps": 600, "write_mbps": 400, "jitter": 0.35, "pattern": "bursty",
                "period_s": 1.0, "seed": 1}
@@ -140,10 +140,7 @@ def run(args: argparse.Namespace) -> int:
         bench.cleanup()
     render(report, console)
     if args.json:
-        import msgspec
-
-        with open(args.json, "wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(report)))
+        save(report, args.json)
         console.print(f"wrote {args.json}")
     if args.plot:
         plot(report, args.plot)

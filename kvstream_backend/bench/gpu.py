@@ -34,6 +34,7 @@ from ..io import files
 from ..tables import table
 from . import plain
 from .gpu_worker import DRY, Phase, Shape, device
+from .report import save
 
 GB = 1e9
 CONFIGS = ("kvstream-disk", "kvstream-shm", "kvstream", "kvstream-rev", "static-0.5",
@@ -315,13 +316,6 @@ class GpuBench:
     def cleanup(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.rmtree(self.shm, ignore_errors=True)
-
-
-def save(rep: GpuReport, path: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(msgspec.json.format(msgspec.json.encode(rep)))
-    os.replace(tmp, path)
 
 
 def render(rep: GpuReport, console: Any) -> None:

@@ -29,6 +29,7 @@ import torch
 
 from ..tables import table
 from . import plain
+from .report import save
 
 
 class Row(msgspec.Struct):
@@ -208,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
         render(report, Console())
         if args.json:
-            with open(args.json, "wb") as f:
-                f.write(msgspec.json.format(msgspec.json.encode(report)))
+            save(report, args.json)
         return 0
     finally:
         for name, (b, _) in configs.items():

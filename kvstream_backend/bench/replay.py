@@ -46,6 +46,7 @@ from ..tables import table
 from . import plain
 from .gpu_worker import DRY, device
 from .replay_worker import ModelShape, ReplaySpec
+from .report import save
 
 GB = 1e9
 STORAGE_CONFIGS = ("kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk",
@@ -203,9 +204,7 @@ class ReplayBench:
             return ConfigResult(name, False, rec.get("error", "?") + "\n"
                                 + rec.get("traceback", ""))
         if "requests" not in rec:  # the fill: stored (and timed the stand-in), replayed nothing
-            self.prefill_samples = [tuple(x) for x in rec.get("prefill_samples", [])]
-            self.prefill = PrefillModel.fit(self.prefill_samples) if self.prefill_samples \
-                else None
+            self._prefill_from([tuple(x) for x in rec.get("prefill_samples", [])])
             return ConfigResult(name, True, cuda_ops=rec.get("cuda_ops", ""),
                                 store=rec.get("store", {}))
         reqs, batches = rec["requests"], rec["batches"]
@@ -239,6 +238,11 @@ class ReplayBench:
                 best, _ = plain.best_read(paths, os.cpu_count() or 1, files.drop_caches, dev)
                 self.to_gpu_samples.setdefault(name, []).append(best / GB)
 
+    def _prefill_from(self, samples: list[tuple[int, int, float]]) -> None:
+        """Keep the stand-in's timed prefills and kvsim's model fitted on them (none without)."""
+        self.prefill_samples = samples
+        self.prefill = PrefillModel.fit(samples) if samples else None
+
     def _split(self) -> float:
         """static-best's disk share: the disk's part of the two tiers' summed limits after the
         fill (the first sample of each)."""
@@ -257,8 +261,7 @@ class ReplayBench:
         self.limit_samples = rep.limit_samples_gbps or {k: [v] for k, v in
                                                         rep.limits_gbps.items()}
         self.to_gpu_samples = {k: [v] for k, v in rep.to_gpu_gbps.items()}
-        self.prefill_samples = rep.prefill_samples
-        self.prefill = PrefillModel.fit(rep.prefill_samples) if rep.prefill_samples else None
+        self._prefill_from(rep.prefill_samples)
         configs = [msgspec.structs.replace(r, predicted_p50_s=None, predicted_p90_s=None,
                                            p50_error=None, run_gbps=0.0,
                                            predicted_run_p50_s=None) for r in rep.configs]
@@ -322,8 +325,7 @@ class ReplayBench:
     def _checkpoint(self, results: list[ConfigResult], g: float) -> None:
         """The report so far, to ``--json`` (a run cut short keeps what it measured)."""
         if self.args.json:
-            with open(self.args.json, "wb") as f:
-                f.write(msgspec.json.format(msgspec.json.encode(self._report(results, g))))
+            save(self._report(results, g), self.args.json)
 
     def _predict(self, results: list[ConfigResult], g: float, h2d: float) -> None:
         lim = self.limits
@@ -488,8 +490,7 @@ def run_replay(args: Any, console: Any) -> int:
             return 2
         render(rep, console)
         if args.json:
-            with open(args.json, "wb") as f:
-                f.write(msgspec.json.format(msgspec.json.encode(rep)))
+            save(rep, args.json)
         return 0
     if not DRY:
         import torch
@@ -505,8 +506,7 @@ def run_replay(args: Any, console: Any) -> int:
             bench.cleanup()
     render(rep, console)
     if args.json:
-        with open(args.json, "wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(rep)))
+        save(rep, args.json)
     if args.plot:
         plot(rep, args.plot)
     return 0 if all(r.ok for r in rep.configs) else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import msgspec
@@ -135,3 +136,12 @@ def plot(rep: BenchReport, path: str) -> None:
     ax2.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def save(rep: msgspec.Struct, path: str) -> None:
+    """``rep`` as indented JSON at ``path``, whole or not at all (written aside, then renamed:
+    a run cut short mid-write leaves the previous checkpoint, never a torn file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(msgspec.json.format(msgspec.json.encode(rep)))
+    os.replace(tmp, path)
