@@ -156,19 +156,52 @@ def test_an_idle_fast_tier_hedges_the_slow_tiers_late_reads() -> None:
 
 
 def test_hedging_is_bounded_per_tier_per_pool() -> None:
+    """The tail: every chunk claimed, tier 0 (measured, so it keeps the front) runs dry while
+    tiers 1 and 2 (unmeasured, so late) each have a read in flight: it re-reads one of them,
+    the pool's budget being max(m, the other windows) = 1. Neither is a stale front read:
+    tier 1 claimed from the back, tier 2 still claims from the front."""
     r = ClaimRouter(3, 1, window=1)
     for _ in range(4):
         r.add({0, 1, 2})
     assert r.claim(0, 0.0) == [0]
     assert r.claim(1, 0.0) == [3]
     assert r.claim(2, 0.0) == [1]
-    assert r.complete(1, 3, 0.1)
-    assert r.claim(1, 0.1) == [2]
-    assert r.complete(1, 2, 0.2)
-    assert r.claim(1, 0.2) in ([0], [1])  # a hedge (budget max(m, other windows) = 1)
-    assert r.outstanding(1) == 1 and r.hedged[1] == 1
+    assert r.complete(0, 0, 0.1)
+    assert r.claim(0, 0.1) == [2]
+    assert r.complete(0, 2, 0.2)
+    hedge = r.claim(0, 0.2)
+    assert hedge in ([1], [3])
+    assert r.complete(0, hedge[0], 0.3)
+    assert r.claim(0, 0.3) == [], "the other late read is not re-read: the budget is spent"
+    assert r.outstanding(0) == 0 and r.hedged[0] == 1
     r.reset()
     assert r.hedged == [0, 0, 0]
+
+
+def test_the_new_front_tier_first_hedges_the_old_fronts_reads() -> None:
+    """A process's first step: before any rate is measured, the configuration order gives tier
+    0 (the slow one) the front. Once tier 1 finishes a read it is ranked first and takes the
+    front; tier 0's reads of the first chunks are then what the first gets wait for, so tier 1
+    re-reads them before its own next claims (outside the pool's hedge budget). Tier 0, now at
+    the back, claims from the back; those reads are never stale, so tier 1 claims in order and
+    hedges them only with the room its claims leave."""
+    size = 32 << 20
+    r = ClaimRouter(2, 4, window=8)
+    ids = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    r.demand(ids[0])
+    assert r.claim(0, 0.0) == ids[:4]  # unmeasured: the configuration order
+    assert r.claim(1, 0.0) == ids[::-1][:4]
+    assert r.complete(1, ids[15], size / 30e9)  # tier 1 is measured: it is ranked first
+    assert r.claim(1, size / 30e9) == ids[:4], "tier 0's reads at the front, re-read first"
+    assert r.claim(1, size / 30e9) == [ids[4]]  # then its own claims, from the front
+    assert r.hedged == [0, 4]
+    for i in ids[:4]:
+        assert r.complete(1, i, 0.01)
+    assert not any(r.complete(0, i, 0.1) for i in ids[:4])  # tier 0's copies come too late
+    assert r.claim(0, 0.1) == ids[11:7:-1], "tier 0 now claims from the back"
+    again = r.claim(1, 0.1)
+    assert again[:3] == ids[5:8], "no stale read left: tier 1 claims in order"
+    assert again[3:] == [ids[11]], "room left: tier 0's first back read (unmeasured: late)"
 
 
 def test_failure_moves_the_chunk_to_another_holder() -> None:
@@ -238,6 +271,34 @@ def test_the_lookups_before_the_gets_are_one_pool_claimed_from_both_ends() -> No
         assert r.complete(0, i)
     assert r.claim(0) == nxt[0:2], "only once the step is claimed does a tier read ahead"
     assert r.step_done() and r.pools == 2
+
+
+def test_a_slow_tier_leaves_a_short_open_pool_to_the_front() -> None:
+    """The first request's lookup is the whole open pool for a moment. The slow tier (1.5 GB/s
+    against 30 GB/s, both measured) does not take its last chunks: the later lookups would put
+    them first in line. Once the pool is long enough that the fast tier would reach its back
+    later than the slow tier delivers it, the slow tier claims the back. A sealed pool (the
+    gets have begun: its back is final) it claims without the guard."""
+    size = 32 << 20
+
+    def measured() -> ClaimRouter:
+        r = ClaimRouter(2, 4, window=8)
+        for t, gbps in ((0, 30e9), (1, 1.5e9)):  # tier 0 is the fast one: it takes the front
+            i = r.add({0, 1}, size)
+            assert r.claim(t, 0.0) == [i] and r.complete(t, i, size / gbps)
+        return r
+
+    r = measured()
+    first = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    assert r.claim(1, 1.0) == [], "16 chunks: the fast tier reaches the back in 18 ms"
+    rest = [r.add({0, 1}, size, lookup=True) for _ in range(112)]
+    got = r.claim(1, 1.0)
+    assert got == rest[::-1][:len(got)] and got, "128 chunks: the back is worth reading"
+    assert all(r.state(i) == UNCLAIMED for i in first)
+    r = measured()
+    first = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    r.demand(first[0])
+    assert r.claim(1, 1.0) == first[::-1][:4]
 
 
 def test_a_get_without_a_lookup_joins_the_step_served() -> None:
