@@ -1,0 +1,88 @@
+"""The router alone (no I/O), with tiers that share their bandwidth among their reads in flight
+(processor sharing: a window of reads finishes together, as on the device) where
+``router_order.py`` serves each tier's reads one after another. LMCache's order: 8 lookups 2 ms
+apart, then the gets one after another, each followed by an 11 ms scatter. Three steps of one
+process; prints when request 0's chunks were all in, when every chunk was, how many chunks the
+slow tier delivered, and the hedges so far per tier.
+
+Usage: ``python router_shared.py [rev]`` (default: the 1.5 GB/s tier listed first, as
+``kvstream bench --gpu``'s ``kvstream``; ``rev``: the 35 GB/s tier first, as ``kvstream-rev``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from kvstream_backend.policy.routing import ClaimRouter
+
+SIZE = 32 << 20
+REQUESTS, CHUNKS, LOOKUP_GAP_S, SCATTER_S, DT = 8, 16, 0.002, 0.011, 1e-4
+
+
+def step(r: ClaimRouter, bw: list[float], t0: float) -> float:
+    inflight: list[dict[int, float]] = [{}, {}]  # per tier: chunk -> bytes left
+    ready: dict[int, float] = {}
+    ids: list[int] = []
+    slow = bw.index(min(bw))
+    slow_delivered = 0
+    now = t0
+
+    def fill() -> None:
+        for t in (0, 1):
+            while r.has_room(t):
+                got = r.claim(t, now)
+                if not got:
+                    break
+                inflight[t].update((i, float(SIZE)) for i in got)
+
+    def advance(until: float) -> None:
+        nonlocal now, slow_delivered
+        while now < until - 1e-12:
+            now += DT
+            for t in (0, 1):
+                if not inflight[t]:
+                    continue
+                share = bw[t] * DT / len(inflight[t])
+                for i in list(inflight[t]):
+                    inflight[t][i] -= share
+                    if inflight[t][i] <= 0:
+                        del inflight[t][i]
+                        if r.complete(t, i, now):
+                            ready[i] = now
+                            slow_delivered += t == slow
+            fill()
+
+    for q in range(REQUESTS):  # the lookups: reads start as each request's chunks arrive
+        advance(t0 + q * LOOKUP_GAP_S)
+        ids += [r.add({0, 1}, SIZE, lookup=True) for _ in range(CHUNKS)]
+        fill()
+    first = 0.0
+    for q in range(REQUESTS):  # the gets, in order, each followed by its scatter
+        mine = ids[q * CHUNKS:(q + 1) * CHUNKS]
+        for i in mine:
+            r.demand(i)
+        fill()
+        while not all(i in ready for i in mine):
+            advance(now + DT)
+        if q == 0:
+            first = now - t0
+        advance(now + SCATTER_S)
+    last = max(ready[i] for i in ids) - t0
+    while inflight[0] or inflight[1]:
+        advance(now + DT)
+    print(f"  request 0 in at {first * 1e3:.1f} ms, every chunk in at {last * 1e3:.1f} ms; "
+          f"the slow tier delivered {slow_delivered}; hedges {r.hedged}")
+    return now
+
+
+def main() -> None:
+    bw = [35e9, 1.5e9] if sys.argv[1:] == ["rev"] else [1.5e9, 35e9]
+    r = ClaimRouter(2, 4)
+    t = 0.0
+    for s in range(3):
+        print(f"step {s + 1}{' (cold: no rates yet)' if s == 0 else ''}")
+        t = step(r, bw, t) + 0.05
+
+
+if __name__ == "__main__":
+    main()
