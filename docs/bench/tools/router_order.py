@@ -19,6 +19,7 @@ import heapq
 import io
 import sys
 import time
+from collections.abc import Callable
 
 from kvstream_backend.policy.routing import ClaimRouter
 
@@ -86,11 +87,17 @@ def main() -> None:
         print(f"{per * 1e6:.1f} us of CPU per chunk")
         return
     slow, fast = (float(x) * 1e9 for x in sys.argv[1:3]) if len(sys.argv) > 2 else (1.5e9, 35e9)
+    three_steps(step, [slow, fast])
+
+
+def three_steps(step_fn: Callable[[ClaimRouter, list[float], float], float],
+                rates: list[float]) -> None:
+    """Three steps of one process (one router), 50 ms apart; the first is cold."""
     r = ClaimRouter(2, 4)
     t = 0.0
     for s in range(3):
         print(f"step {s + 1}{' (cold: no rates yet)' if s == 0 else ''}")
-        t = step(r, [slow, fast], t) + 0.05
+        t = step_fn(r, rates, t) + 0.05
 
 
 if __name__ == "__main__":

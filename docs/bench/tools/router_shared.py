@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 
+from router_order import CHUNKS, LOOKUP_GAP_S, REQUESTS, SIZE, three_steps
+
 from kvstream_backend.policy.routing import ClaimRouter
 
-SIZE = 32 << 20
-REQUESTS, CHUNKS, LOOKUP_GAP_S, SCATTER_S, DT = 8, 16, 0.002, 0.011, 1e-4
+SCATTER_S, DT = 0.011, 1e-4  # the lookups and chunks are router_order.py's
 
 
 def step(r: ClaimRouter, bw: list[float], t0: float) -> float:
@@ -50,7 +51,7 @@ def step(r: ClaimRouter, bw: list[float], t0: float) -> float:
                         if r.complete(t, i, now):
                             ready[i] = now
                             slow_delivered += t == slow
-            fill()
+            fill()  # every tick, as a driver that claims whenever it may have room
 
     for q in range(REQUESTS):  # the lookups: reads start as each request's chunks arrive
         advance(t0 + q * LOOKUP_GAP_S)
@@ -76,12 +77,7 @@ def step(r: ClaimRouter, bw: list[float], t0: float) -> float:
 
 
 def main() -> None:
-    bw = [35e9, 1.5e9] if sys.argv[1:] == ["rev"] else [1.5e9, 35e9]
-    r = ClaimRouter(2, 4)
-    t = 0.0
-    for s in range(3):
-        print(f"step {s + 1}{' (cold: no rates yet)' if s == 0 else ''}")
-        t = step(r, bw, t) + 0.05
+    three_steps(step, [35e9, 1.5e9] if sys.argv[1:] == ["rev"] else [1.5e9, 35e9])
 
 
 if __name__ == "__main__":
