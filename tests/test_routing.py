@@ -94,12 +94,13 @@ def test_meet_in_the_middle_order() -> None:
     for _ in range(10):
         r.add({0, 1})
     assert r.claim(0) == [0, 1, 2]
-    assert r.claim(1) == [9, 8, 7]
+    assert r.claim(1) == [9], "unmeasured, the back tier probes with one read"
     assert r.claim(0) == []  # its window (m before the first measurement) is full
+    assert r.claim(1) == []
 
 
 def test_hedge_first_completion_wins() -> None:
-    r = ClaimRouter(2, 2)
+    r = ClaimRouter(2, 2, window=2)
     for _ in range(4):
         r.add({0, 1})
     a = r.claim(0, 0.0)
@@ -118,18 +119,20 @@ def test_a_tier_hedges_only_what_it_delivers_sooner() -> None:
     """Tier 1 reads a chunk in 0.1 s, tier 0 in 0.01 s: tier 1 never hedges tier 0's reads
     (they land first anyway); tier 0 hedges tier 1's."""
     r = ClaimRouter(2, 1, window=1)
-    for _ in range(2):  # measure both tiers
+    for t, took in ((0, 0.01), (1, 0.1)):  # measure both tiers
         i = r.add({0, 1})
-        assert r.claim(0, 0.0) == [i] and r.complete(0, i, 0.01)
-        j = r.add({0, 1})
-        assert r.claim(1, 0.0) == [j] and r.complete(1, j, 0.1)
-    a, b = r.add({0, 1}), r.add({0, 1})
-    assert r.claim(0, 1.0) == [a] and r.claim(1, 1.0) == [b]
-    assert r.complete(0, a, 1.01)
-    assert r.claim(0, 1.01) == [b], "the fast tier re-reads the slow tier's chunk"
-    assert r.complete(0, b, 1.02)
-    assert not r.complete(1, b, 1.1)  # the duplicate is discarded
-    c, d = r.add({0, 1}), r.add({0, 1})
+        assert r.claim(t, 0.0) == [i] and r.complete(t, i, took)
+    xs = [r.add({0, 1}) for _ in range(20)]
+    assert r.claim(0, 1.0) == [xs[0]]
+    assert r.claim(1, 1.0) == [xs[19]], "tier 0 would reach it in 0.2 s, tier 1 in 0.1 s"
+    for k in range(1, 19):  # tier 0 reads the rest; tier 1's read is late (a slow moment)
+        now = 1.0 + 0.01 * k
+        assert r.complete(0, xs[k - 1], now) and r.claim(0, now) == [xs[k]]
+    assert r.complete(0, xs[18], 1.19)
+    assert r.claim(0, 1.19) == [xs[19]], "the fast tier re-reads the slow tier's chunk"
+    assert r.complete(0, xs[19], 1.2)
+    assert not r.complete(1, xs[19], 1.25)  # the duplicate is discarded
+    c, d = r.add({0, 1}), r.add({1})  # (only tier 1 holds d: it claims it whatever the rates)
     assert r.claim(0, 2.0) == [c] and r.claim(1, 2.0) == [d]
     assert r.complete(1, d, 2.1)
     assert r.claim(1, 2.1) == [], "c lands on tier 0 long before tier 1 could read it"
@@ -142,17 +145,19 @@ def test_an_idle_fast_tier_hedges_the_slow_tiers_late_reads() -> None:
     latency, found them already "due" and never hedged a late read.)"""
     size = 16 << 20
     r = ClaimRouter(2, 4, window=4)
-    a, b = r.add({0, 1}, size), r.add({0, 1}, size)
-    assert r.claim(0, 0.0) == [a, b]
-    assert r.complete(0, a, size / 2.5e9) and r.complete(0, b, 2 * size / 2.5e9)
     c = r.add({0, 1}, size)
     assert r.claim(1, 0.0) == [c] and r.complete(1, c, size / 0.6e9)
     late = [r.add({0, 1}, size) for _ in range(3)]
-    assert sorted(r.claim(1, 1.0)) == late  # tier 1 is the slower one: it claims the back
+    # tier 0 is not measured yet (a process's first step): tier 1 has the front for now
+    assert r.claim(1, 1.0) == late
+    a, b = r.add({0}, size), r.add({0}, size)
+    assert r.claim(0, 1.0) == [b, a]
+    assert r.complete(0, a, 1.0 + size / 2.5e9) and r.complete(0, b, 1.0 + 2 * size / 2.5e9)
     assert sorted(r.claim(0, 1.5)) == late, "tier 0 hedges every late read of tier 1"
     for i in late:
         assert r.complete(0, i, 1.52)
     assert not any(r.complete(1, i, 1.6) for i in late) and not r.busy()
+    assert r.window(1) == 1, "a tier whose claimed reads keep losing to hedges reads one ahead"
 
 
 def test_hedging_is_bounded_per_tier_per_pool() -> None:
@@ -198,10 +203,9 @@ def test_the_new_front_tier_first_hedges_the_old_fronts_reads() -> None:
     for i in ids[:4]:
         assert r.complete(1, i, 0.01)
     assert not any(r.complete(0, i, 0.1) for i in ids[:4])  # tier 0's copies come too late
-    assert r.claim(0, 0.1) == ids[11:7:-1], "tier 0 now claims from the back"
-    again = r.claim(1, 0.1)
-    assert again[:3] == ids[5:8], "no stale read left: tier 1 claims in order"
-    assert again[3:] == [ids[11]], "room left: tier 0's first back read (unmeasured: late)"
+    assert r.window(0) == 1, "each read tier 0 claimed was beaten by a hedge"
+    assert r.claim(0, 0.1) == [], "tier 1 reaches every chunk left before tier 0 reads one"
+    assert r.claim(1, 0.1) == ids[5:9], "no stale read left: tier 1 claims in order"
 
 
 def test_failure_moves_the_chunk_to_another_holder() -> None:
@@ -246,30 +250,30 @@ def test_the_lookups_before_the_gets_are_one_pool_claimed_from_both_ends() -> No
     """LMCache's order: every request's lookup, then one get per request. The lookups are the
     step's pool: tier 0 reads request A from the front while tier 1 starts at request C's end
     (v0.2 read every lookup "oldest first" on every tier, so A waited on the slow tier)."""
-    r = ClaimRouter(2, 2, hedge=False, window=2)
+    r = ClaimRouter(2, 2, hedge=False, window=2)  # two tiers of the same speed
     a = [r.add({0, 1}, lookup=True) for _ in range(4)]
     b = [r.add({0, 1}, lookup=True) for _ in range(4)]
     c = [r.add({0, 1}, lookup=True) for _ in range(4)]
-    assert r.claim(0) == a[0:2]
-    assert r.claim(1) == [c[3], c[2]]
+    assert r.claim(0, 0.0) == a[0:2]
+    assert r.claim(1, 0.0) == [c[3], c[2]]
     for i in a:
         r.demand(i)  # A's get: the pool is now the step served
     nxt = [r.add({0, 1}, lookup=True) for _ in range(4)]  # the next step's lookups
     for i in a[0:2]:
-        assert r.complete(0, i)
-    assert r.claim(0) == a[2:4]
+        assert r.complete(0, i, 1.0)
+    assert r.claim(0, 1.0) == a[2:4]
     for i in (c[3], c[2]):
-        assert r.complete(1, i)
-    assert r.claim(1) == [c[1], c[0]], "tier 1 stays on the step, not on the next lookups"
+        assert r.complete(1, i, 1.0)
+    assert r.claim(1, 1.0) == [c[1], c[0]], "tier 1 stays on the step, not on the next lookups"
     for i in a[2:4]:
-        assert r.complete(0, i)
-    assert r.claim(0) == b[0:2]
+        assert r.complete(0, i, 2.0)
+    assert r.claim(0, 2.0) == b[0:2]
     for i in (c[1], c[0]):
-        assert r.complete(1, i)
-    assert r.claim(1) == [b[3], b[2]]
+        assert r.complete(1, i, 2.0)
+    assert r.claim(1, 2.0) == [b[3], b[2]]
     for i in b[0:2]:
-        assert r.complete(0, i)
-    assert r.claim(0) == nxt[0:2], "only once the step is claimed does a tier read ahead"
+        assert r.complete(0, i, 3.0)
+    assert r.claim(0, 3.0) == nxt[0:2], "only once the step is claimed does a tier read ahead"
     assert r.step_done() and r.pools == 2
 
 
@@ -278,7 +282,7 @@ def test_a_slow_tier_leaves_a_short_open_pool_to_the_front() -> None:
     against 30 GB/s, both measured) does not take its last chunks: the later lookups would put
     them first in line. Once the pool is long enough that the fast tier would reach its back
     later than the slow tier delivers it, the slow tier claims the back. A sealed pool (the
-    gets have begun: its back is final) it claims without the guard."""
+    gets have begun) is guarded the same way: a read the fast tier delivers first is waste."""
     size = 32 << 20
 
     def measured() -> ClaimRouter:
@@ -298,7 +302,46 @@ def test_a_slow_tier_leaves_a_short_open_pool_to_the_front() -> None:
     r = measured()
     first = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
     r.demand(first[0])
-    assert r.claim(1, 1.0) == first[::-1][:4]
+    assert r.claim(1, 1.0) == []
+
+
+def test_a_tier_whose_reads_lose_to_hedges_reads_one_ahead_until_one_wins() -> None:
+    size = 32 << 20
+    r = ClaimRouter(2, 4, window=8)
+    xs = [r.add({0, 1}, size) for _ in range(6)]
+    back = xs[:1:-1]
+    assert r.claim(1, 0.0) == back  # unmeasured: the configuration order (tier 1: the back)
+    assert r.claim(0, 0.0) == xs[:2]
+    for k, i in enumerate(xs[:2]):
+        assert r.complete(0, i, (k + 1) * size / 30e9)
+    assert sorted(r.claim(0, 0.01)) == xs[2:], "idle: tier 0 hedges tier 1's reads"
+    for i in xs[2:]:
+        assert r.complete(0, i, 0.02)
+    assert r.window(1) == 8
+    assert not r.complete(1, back[0], 0.08) and r.window(1) == 8, "one loss is chance"
+    assert not r.complete(1, back[1], 0.08) and r.window(1) == 1
+    ys = [r.add({1}, size) for _ in range(3)]
+    assert r.claim(1, 0.08) == [], "two reads still in flight, a window of one"
+    for i in back[2:]:
+        assert not r.complete(1, i, 0.09)
+    assert r.claim(1, 0.09) == [ys[2]]
+    assert r.complete(1, ys[2], 0.11) and r.window(1) == 8, "a win restores its window"
+    assert r.claim(1, 0.11) == [ys[1], ys[0]]
+
+
+def test_a_stalled_front_no_longer_keeps_the_back_tier_off_its_chunks() -> None:
+    """The guard trusts the front tier's measured rate; a front whose oldest read is four times
+    overdue (a hung mount) guards nothing, so the slower tier takes the chunks it can."""
+    size = 32 << 20
+    r = ClaimRouter(2, 4, window=4)
+    for t, gbps in ((0, 30e9), (1, 1.5e9)):
+        i = r.add({0, 1}, size)
+        assert r.claim(t, 0.0) == [i] and r.complete(t, i, size / gbps)
+    xs = [r.add({0, 1}, size) for _ in range(8)]
+    assert r.claim(0, 1.0) == xs[:4]
+    assert r.claim(1, 1.0) == [], "the fast tier reaches the rest in 5 ms"
+    assert r.claim(1, 1.01) == [], "its reads are 10 ms old: not stalled (within 4 x 50 ms)"
+    assert r.claim(1, 1.3) == xs[:3:-1], "300 ms and nothing: the back claims what is left"
 
 
 def test_a_get_without_a_lookup_joins_the_step_served() -> None:

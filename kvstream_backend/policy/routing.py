@@ -15,26 +15,32 @@ before any measurement the configuration order decides, and the ends swap as soo
 measurements disagree with it (so the order tiers are listed in does not matter). A tier that
 finishes a read claims again, up to ``m`` chunks at a time, so tiers meet wherever their
 bandwidths put the meeting point, with no split computed in advance. A tier only claims chunks
-it holds; no tier has room while an unclaimed chunk it holds remains in a sealed pool (work
-conservation).
+it holds.
 
-**Open pools.** The back of an open pool is only the back so far: the next lookup's chunks go
-after it. A tier claiming from the back therefore takes a chunk of an open pool only if it
-would deliver it (its reads queued ahead, at its measured rate) before the tiers claiming from
-the front reach it (their reads in flight and the chunks before it, at their summed rate).
-Otherwise the slow tier, claiming at the first request's lookup, reads that request's last
-chunks, which the later lookups put first in line for the gets: on an H200 (disk at 1.5 GB/s
-beside /dev/shm at 35 GB/s) the first request of every step waited 30 ms longer than the
-second for the disk's three chunks. Before both ends are measured the guard lets every claim
-through; a sealed pool is claimed without it.
+**The guard.** A tier claiming from the back takes a chunk only if it would deliver it (its
+reads queued ahead, at its measured rate) before the tiers claiming from the front deliver it
+(their reads in flight and the chunks before it, at their summed rate); from the back, the
+first chunk refused means every later one is too. In an open pool the back is only the back so
+far: without the guard the slow tier, claiming at the first request's lookup, read that
+request's last chunks, which the later lookups put first in line for the gets (on an H200, disk
+at 1.5 GB/s beside /dev/shm at 35 GB/s, the first request of every step waited 30 ms longer
+than the second for the disk's three chunks). In a sealed pool a read the front delivers first
+is waste: the cold step of a process with /dev/shm listed first ended 57 ms late on the disk's
+last four reads (``docs/bench/tools/router_shared.py rev``: 179 ms, bound 118). The guard lets
+a claim through before the rates it compares are measured, and ignores a front tier that is
+*stalled* (its oldest read ``STALL`` times older than its reads in flight should take: a hung
+mount), so chunks never wait on a tier that stopped delivering.
 
 **Windows.** A tier keeps at most ``window(tier)`` reads in flight. With ``window=None``
 (auto) it follows Little's law: ``ceil(rate * target_s / chunk size) + 1``, where ``rate`` is
 the tier's measured throughput (in-flight bytes over read latency at each completion), so a
 fast device gets the depth it needs to reach its bandwidth and a slow one no more than it can
 finish in about ``target_s`` (deep queues on a slow tier only make every one of its reads
-late). The window stays within ``[min_window, max_window]``; before the first completion it is
-``m``.
+late). The window stays within ``[min_window, max_window]``; before the tier's first completion
+it is ``m`` at the front and one read at the back (a probe: on GlusterFS beside a disk that reads
+10x faster, the four reads a fresh process's GlusterFS tier claimed at once were all re-read by
+the disk). A tier whose claimed reads were beaten by a hedge ``LOSING`` times in a row reads one
+chunk at a time until one of its reads is delivered: its reads only took device time.
 
 **Hedges.** After its own claims in a pool, a tier with room re-reads chunks of that pool in
 flight on other tiers, if it would deliver them sooner: its own reads queued ahead of the
@@ -67,6 +73,8 @@ UNCLAIMED, INFLIGHT, DONE, DEAD = 0, 1, 2, 3
 EWMA = 0.3  # weight of a new sample in a tier's rate and chunk-size estimates
 COMPACT_AT = 4096  # a pool's claimed prefix is cut once longer than this (and half the pool)
 RERANK = 1.25  # a tier takes a faster end once its rate exceeds its neighbour's by this factor
+STALL = 4.0  # a tier whose oldest read is this many times late no longer holds the front
+LOSING = 2  # claimed reads in a row delivered first by a hedge before a tier's window is one
 
 
 class _Pool:
@@ -89,7 +97,7 @@ class _Pool:
 
 class _Chunk:
     __slots__ = ("holders", "state", "readers", "pool", "pos", "size", "demanded", "cancelled",
-                 "front")
+                 "front", "claimer")
 
     def __init__(self, holders: set[int], size: int, pool: _Pool | None) -> None:
         self.holders = holders
@@ -101,6 +109,7 @@ class _Chunk:
         self.demanded = False
         self.cancelled = False
         self.front = False  # claimed by a tier claiming from the front
+        self.claimer = -1  # the tier that claimed it (its other readers hedge)
 
 
 class ClaimRouter:
@@ -134,6 +143,7 @@ class ClaimRouter:
         self._rate: list[float | None] = [None] * n  # bytes/s
         self._size: list[float | None] = [None] * n  # chunk size, bytes
         self._demanded = 0  # demanded chunks neither delivered nor dead
+        self._lost = [0] * n  # per tier: its claimed reads in a row that a hedge beat
         self.hedged = [0] * n  # hedges issued, per tier (cumulative)
         self._rank = list(range(n))  # tiers by measured rate, fastest first
         self._front = [t % 2 == 0 for t in range(n)]  # per tier: claims from the front
@@ -141,11 +151,13 @@ class ClaimRouter:
     # ---- measurements ---------------------------------------------------------------------
     def window(self, tier: int) -> int:
         """Reads ``tier`` may keep in flight now (see the module doc)."""
+        if self._lost[tier] >= LOSING:
+            return 1
         if self.fixed_window is not None:
             return self.fixed_window
         rate, size = self._rate[tier], self._size[tier]
-        if rate is None or not size:
-            return min(max(self.m, self.min_window), self.max_window)
+        if rate is None or not size:  # unmeasured: a probe from the back, m from the front
+            return min(max(self.m, self.min_window), self.max_window) if self._front[tier] else 1
         want = math.ceil(rate * self.target_s / size) + 1
         return min(max(want, self.min_window), self.max_window)
 
@@ -314,11 +326,12 @@ class ClaimRouter:
                 if room <= 0:
                     break
             for i in self._unclaimed(pool, tier, ahead):
-                if not pool.sealed and not self._sooner(tier, i, len(picks)):
+                if not self._sooner(tier, i, len(picks), now):
                     break
                 c = self._chunks[i]
                 c.state = INFLIGHT
                 c.front = self._front[tier]
+                c.claimer = tier
                 pool.unclaimed -= 1
                 pool.inflight[i] = None
                 picks.append(i)
@@ -354,19 +367,31 @@ class ClaimRouter:
                     and (ahead or c.demanded)):
                 yield i
 
-    def _sooner(self, tier: int, i: int, picked: int) -> bool:
-        """Whether ``tier`` would deliver chunk ``i`` of an open pool before the tiers that
-        claim from the front reach it (see the module doc); True where it claims from the front
-        or a rate is not measured yet."""
+    def _sooner(self, tier: int, i: int, picked: int, now: float) -> bool:
+        """Whether ``tier`` would deliver chunk ``i`` before the tiers that claim from the front
+        reach it (see the module doc); True where it claims from the front, a rate is not
+        measured yet or every front tier holding the chunk is stalled."""
         c = self._chunks[i]
         rate = self._rate[tier]
-        fronts = [t for t in c.holders if self._front[t] and t != tier]
+        if self._front[tier] or not rate or c.pool is None:
+            return True
+        fronts = [t for t in c.holders
+                  if self._front[t] and t != tier and not self._stalled(t, now)]
         front_rate = sum(self._rate[t] or 0.0 for t in fronts)
-        if self._front[tier] or not rate or not front_rate or c.pool is None:
+        if not front_rate:
             return True
         mine = (self._outstanding[tier] + picked + 1) / rate
-        theirs = (sum(self._outstanding[t] for t in fronts) + c.pos - c.pool.lo) / front_rate
+        theirs = (sum(self._outstanding[t] for t in fronts) + c.pos - c.pool.lo + 1) / front_rate
         return mine < theirs
+
+    def _stalled(self, tier: int, now: float) -> bool:
+        """Whether ``tier``'s oldest read in flight is ``STALL`` times older than its reads in
+        flight should take at its measured rate (a hung mount): its claims then guard nothing."""
+        started, rate, size = self._started[tier], self._rate[tier], self._size[tier]
+        if not started or not rate or not size:
+            return False
+        t0, _ = next(iter(started.values()))  # claim order: the oldest first
+        return now - t0 > STALL * max(len(started) * size / rate, self.target_s)
 
     def _state(self, i: int) -> int:
         c = self._chunks.get(i)
@@ -435,6 +460,8 @@ class ClaimRouter:
         if won:
             c.state = DONE
             self._settled(i, c)
+        if c.claimer == tier:
+            self._lost[tier] = 0 if won else self._lost[tier] + (c.state == DONE)
         self._forget(i, c)
         return won
 
