@@ -64,6 +64,11 @@ def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
             tl = c["timelines"][0]
             assert len(tl["get_returned"]) == 3 and len(tl["chunks_ready"]) == 3
             assert 0 < c["storage_s"][0] <= c["step_s"][0]
+            # the process made the connector's first calls before step 0 (a retrieve phase)
+            assert len(c["warmup_s"]) == 1 and c["warmup_s"][0] > 0, c["name"]
+        else:  # LMCache's backends store, then retrieve, in one process: warm already
+            assert c["warmup_s"] == [], c["name"]
+    assert any("before its first step" in n for n in rep["notes"])
     # on this CPU machine lmcache.cuda_ops cannot load: the run must say it is not representative
     assert any("NOT REPRESENTATIVE" in n for n in rep["notes"])
     assert [t["goal"] for t in rep["targets"]] == ["<= 0.95", "<= 0.95", ">= 0.8", ">= 0.8",
@@ -82,7 +87,7 @@ def test_gpu_only_runs_the_named_configurations_and_refuses_unknown_ones(tmp_pat
     try:
         bad = subprocess.run(CLI + args + ["--gpu-only", "kvstream,kvstream-hdd"],
                              capture_output=True, text=True, timeout=120, env=env)
-        r = subprocess.run(CLI + args + ["--gpu-only", "kvstream-shm,kvstream",
+        r = subprocess.run(CLI + args + ["--gpu-only", "kvstream-shm,kvstream", "--gpu-cold",
                                          "--json", str(out)],
                            capture_output=True, text=True, timeout=600, env=env)
     finally:
@@ -92,6 +97,8 @@ def test_gpu_only_runs_the_named_configurations_and_refuses_unknown_ones(tmp_pat
     rep = json.loads(out.read_text())
     assert {c["name"] for c in rep["configs"]} == {"kvstream", "kvstream-shm"}
     assert all(c["identical"] == [True] for c in rep["configs"])
+    assert all(c["warmup_s"] == [] for c in rep["configs"]), "--gpu-cold: no warm-up"
+    assert any(n.startswith("--gpu-cold") for n in rep["notes"])
     # only targets whose rows ran
     assert [t["name"] for t in rep["targets"]] == [
         "kvstream step / best single tier's step", "kvstream step / max(storage read, host->GPU)"]

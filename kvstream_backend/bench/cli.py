@@ -81,6 +81,10 @@ def add_bench_parser(sub: Any) -> None:
     g.add_argument("--gpu-torch-threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads in each phase (default 1, as vLLM's GPU "
                    "worker serves; 0: torch's default, one per core)")
+    g.add_argument("--gpu-cold", action="store_true",
+                   help="no warm-up: step 0 of each retrieve process also makes the GPU "
+                   "connector's first call (default: one chunk of other tokens is stored and "
+                   "retrieved first, as a serving process has before its first request)")
     g.add_argument("--trace", metavar="NAME|FILE",
                    help="with --gpu: time to first token under a request trace instead "
                    "(conversation, synthetic: the bundled Mooncake traces; or a .jsonl file)")

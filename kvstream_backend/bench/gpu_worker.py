@@ -65,6 +65,7 @@ class Phase(msgspec.Struct, frozen=True):
     work: str
     iters: int = 1
     torch_threads: int = 1  # torch intra-op threads (0: torch's default, one per core)
+    warmup: bool = True  # retrieve phases: make the GPU connector's first call before step 0
 
 
 def device() -> Any:
@@ -279,6 +280,31 @@ def _step(eng: Any, kv: list, tokens: list, slots: list, it: int, tl: _Timeline)
     return rec
 
 
+def _warm_connector(eng: Any, kv: list, s: Shape, blocks_r: Any) -> float:
+    """Store and retrieve one chunk of other tokens into blocks no step uses, then flush: the
+    process's first ``batched_from_gpu``/``batched_to_gpu`` (CUDA context, LMCache's kernels
+    loading) happens here, as a serving process has made it before its first request, not in
+    step 0. No chunk of the steps is read. Returns the seconds it took."""
+    import torch
+
+    g = torch.Generator().manual_seed(SEED + 1)
+    tokens = torch.randint(0, 128000, (s.chunk,), generator=g, dtype=torch.long)
+    used = set(blocks_r.reshape(-1).tolist())
+    spare = torch.tensor([b for b in range(s.num_blocks) if b not in used][
+        : s.chunk // s.block_size])
+    slots = _slots(spare, s.block_size).to(device())
+    t = time.perf_counter()
+    ones = torch.ones(s.chunk, dtype=torch.bool)
+    eng.store(tokens, mask=ones, kvcaches=kv, slot_mapping=slots, offset=0, req_id="warmup")
+    eng.retrieve(tokens, ones, kvcaches=kv, slot_mapping=slots, vllm_cached_tokens=0,
+                 request_configs=None, req_id="warmup")
+    _sync()
+    kb = kvstream_backend_of(eng)
+    if kb is not None:
+        kb.engine.flush(60)
+    return round(time.perf_counter() - t, 4)
+
+
 def _verify(kv: list, orig: list, s: Shape, blocks_s: Any, blocks_r: Any, got: list) -> bool:
     import torch
 
@@ -324,6 +350,8 @@ def run(p: Phase) -> dict:
                 orig, buf = [t.clone() for t in kv], kv
             else:
                 orig, buf = _kv(s, zero=False), _kv(s, zero=True)
+            if p.kind == "retrieve" and p.warmup:
+                rec["warmup_s"] = _warm_connector(eng, buf, s, blocks_r)
             tl = _Timeline(eng, conn)
             slots = [_slots(b, s.block_size) for b in blocks_r]
             rec["steps"] = []
