@@ -90,6 +90,41 @@ def test_a_blocked_submit_on_one_tier_does_not_stall_the_other(controlled, monke
     assert checked.count(0) == 16 and 1 not in checked  # ... and dropped unverified
 
 
+def test_a_front_tier_that_stops_delivering_leaves_its_chunks_to_the_other(controlled):
+    """Both tiers measured by a first step; then the front tier's next read submit blocks (a
+    hung mount). Its reads would keep the other tier off the chunks it is about to reach (the
+    back tier's guard trusts the front's measured rate), and no read completes to wake the
+    loop. Once the front's oldest read is 4x overdue the loop wakes on its own, and the other
+    tier claims what is left and re-reads the stuck reads: the step is delivered while the
+    front tier is still blocked."""
+    ctl = Control()
+    e = controlled(ctl, claim_batch=2, read_window=4)
+    warm, keys = [f"w{i}" for i in range(8)], [f"k{i:02d}" for i in range(24)]
+    write_all(e, warm + keys, SIZE)
+    for h in e.read(_requests(e, warm)):
+        buf = h.wait(10)
+        assert buf is not None, f"{h.key}: {h.reason}"
+        buf.release()
+    assert e.wait_idle(10)
+    front = e._reads.router._rank[0]  # (the router's ranking: the tier claiming the front)
+    other = 1 - front
+    release = ctl.block_submit(f"t{front}-r")
+    try:
+        for h in e.read(_requests(e, keys)):
+            buf = h.wait(10)
+            assert buf is not None, f"{h.key}: {h.reason}"
+            assert bytes(buf.view[:SIZE]) == payload(h.key, SIZE)
+            buf.release()
+        assert ctl.blocked[f"t{front}-r"].is_set() and not release.is_set(), \
+            "the front tier should still be blocked in its submit"
+    finally:
+        release.set()
+    assert e.wait_idle(10)
+    rep = e.steps[-1]
+    assert rep.chunks == 24 and rep.misses == 0
+    assert rep.tiers[other].chunks == 24 and rep.tiers[other].hedged_bytes > 0
+
+
 def test_lookups_are_the_steps_pool_and_released_ones_are_never_read(controlled):
     """A step's lookups are its pool, read from both ends in lookup order as soon as they are
     registered; the first get seals it, so the next requests' lookups wait behind it, and a

@@ -341,7 +341,12 @@ def test_a_stalled_front_no_longer_keeps_the_back_tier_off_its_chunks() -> None:
     assert r.claim(0, 1.0) == xs[:4]
     assert r.claim(1, 1.0) == [], "the fast tier reaches the rest in 5 ms"
     assert r.claim(1, 1.01) == [], "its reads are 10 ms old: not stalled (within 4 x 50 ms)"
+    assert r.next_stall(1.01) == pytest.approx(1.2), "when to claim again if nothing completes"
     assert r.claim(1, 1.3) == xs[:3:-1], "300 ms and nothing: the back claims what is left"
+    assert r.next_stall(1.3) > 1.3, "only deadlines still ahead (tier 1's own reads now)"
+    for i in xs[4:]:
+        assert r.complete(1, i, 1.4)
+    assert sorted(r.claim(1, 1.4)) == xs[:4], "and hedges the stalled tier's reads"
 
 
 def test_a_get_without_a_lookup_joins_the_step_served() -> None:

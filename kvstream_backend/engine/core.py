@@ -353,12 +353,15 @@ class Engine:
         return not self._reads.being_read(digest) and not self._lookups.pinned(digest)
 
     def _next_wake_ms(self) -> int:
-        """How long the loop may sleep: until the next lookup expires, and at most a second
-        while a tier is down (its re-probe) or writes are outstanding."""
+        """How long the loop may sleep: until the next lookup expires or a tier reading would be
+        stalled (so that the others claim and hedge its chunks), and at most a second while a
+        tier is down (its re-probe) or writes are outstanding."""
         timeout_ms = -1
-        nxt = self._lookups.next_deadline()
-        if nxt is not None:
-            timeout_ms = max(0, int((nxt - self._clock()) * 1000) + 1)
+        now = self._clock()
+        for nxt in (self._lookups.next_deadline(), self._reads.router.next_stall(now)):
+            if nxt is not None:
+                ms = max(0, int((nxt - now) * 1000) + 1)
+                timeout_ms = ms if timeout_ms < 0 else min(timeout_ms, ms)
         if not self._health.all_up() or self._writer.busy:
             timeout_ms = 1000 if timeout_ms < 0 else min(timeout_ms, 1000)
         return timeout_ms

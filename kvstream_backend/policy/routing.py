@@ -29,7 +29,9 @@ is waste: the cold step of a process with /dev/shm listed first ended 57 ms late
 last four reads (``docs/bench/tools/router_shared.py rev``: 179 ms, bound 118). The guard lets
 a claim through before the rates it compares are measured, and ignores a front tier that is
 *stalled* (its oldest read ``STALL`` times older than its reads in flight should take: a hung
-mount), so chunks never wait on a tier that stopped delivering.
+mount), so chunks never wait on a tier that stopped delivering; a stalled tier's reads are
+hedged as if it had never finished one. A driver that claims only on events claims again at
+``next_stall(now)``.
 
 **Windows.** A tier keeps at most ``window(tier)`` reads in flight. With ``window=None``
 (auto) it follows Little's law: ``ceil(rate * target_s / chunk size) + 1``, where ``rate`` is
@@ -384,14 +386,26 @@ class ClaimRouter:
         theirs = (sum(self._outstanding[t] for t in fronts) + c.pos - c.pool.lo + 1) / front_rate
         return mine < theirs
 
-    def _stalled(self, tier: int, now: float) -> bool:
-        """Whether ``tier``'s oldest read in flight is ``STALL`` times older than its reads in
-        flight should take at its measured rate (a hung mount): its claims then guard nothing."""
+    def _stall_at(self, tier: int) -> float | None:
+        """When ``tier`` is *stalled* unless a read completes first: its oldest read in flight
+        then ``STALL`` times older than its reads in flight should take at its measured rate (a
+        hung mount). None while it has no read in flight or no rate."""
         started, rate, size = self._started[tier], self._rate[tier], self._size[tier]
         if not started or not rate or not size:
-            return False
+            return None
         t0, _ = next(iter(started.values()))  # claim order: the oldest first
-        return now - t0 > STALL * max(len(started) * size / rate, self.target_s)
+        return t0 + STALL * max(len(started) * size / rate, self.target_s)
+
+    def _stalled(self, tier: int, now: float) -> bool:
+        """Whether ``tier`` is stalled: it then guards nothing and its reads are hedged."""
+        at = self._stall_at(tier)
+        return at is not None and now > at
+
+    def next_stall(self, now: float) -> float | None:
+        """The earliest time after ``now`` at which a tier becomes stalled if none of its reads
+        completes before: a driver that claims only on events claims again then."""
+        ats = [a for t in range(self.n_tiers) if (a := self._stall_at(t)) is not None and a > now]
+        return min(ats, default=None)
 
     def _state(self, i: int) -> int:
         c = self._chunks.get(i)
@@ -417,7 +431,7 @@ class ClaimRouter:
         # newest read can, for every other tier, nothing can: skip the scan (the slow tier's
         # claims would otherwise walk the fast tier's whole window every time).
         if all((r := self._rate[o]) and (queued + 1) * r >= (len(self._started[o]) - 0.5) * rate
-               for o in range(self.n_tiers) if o != tier):
+               and not self._stalled(o, now) for o in range(self.n_tiers) if o != tier):
             return 0
         for i in list(pool.inflight):
             c = self._chunks[i]
@@ -439,9 +453,9 @@ class ClaimRouter:
 
     def _eta(self, tier: int, i: int, size: int, now: float) -> float:
         """When ``tier`` should deliver chunk ``i``: the reads it started before it, and half of
-        this one, at its measured rate (inf before it finished any: unknown, maybe stuck)."""
+        this one, at its measured rate (inf before it finished any, or stalled: unknown)."""
         rate = self._rate[tier]
-        if not rate:
+        if not rate or self._stalled(tier, now):
             return math.inf
         ahead = list(self._started[tier]).index(i)  # claim order: oldest first
         return now + (ahead + 0.5) * size / rate
