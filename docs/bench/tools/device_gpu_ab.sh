@@ -4,7 +4,7 @@
 # carry [".whl", ".lmbuild", ".old"]). Each tree runs kvstream-shm (the best single tier) and
 # both tier orders, ROUNDS (2) interleaved rounds of two steps; ORDER="new old" swaps the trees;
 # "cold" in ORDER also runs this tree with --gpu-cold (step 0 makes the GPU connector's first
-# calls), one round. Everything goes under $OUT.
+# calls), one round; DEADLINE (585) seconds in all. Everything goes under $OUT.
 T0=$(date +%s)
 source docs/bench/tools/device_setup.sh
 echo "setup took $(( $(date +%s) - T0 )) s" >> $OUT/machine.log
@@ -14,7 +14,7 @@ for v in ${ORDER:-old new}; do
   if [ $v = old ]; then D=/tmp/oldtree; else D=$PWD; fi
   if [ $v = cold ]; then X="--gpu-cold --gpu-rounds 1"; else X="--gpu-rounds ${ROUNDS:-2}"; fi
   P=/tmp/site:/tmp/nat:$D  # and run from $D: python -c puts the working directory first
-  left=$(( 585 - ($(date +%s) - T0) ))
+  left=$(( ${DEADLINE:-585} - ($(date +%s) - T0) ))
   [ $left -gt 60 ] || break
   t=$(( left < 230 ? left : 230 ))
   (cd $D && PYTHONPATH=$P timeout $t python3 -c 'import sys; from kvstream_backend.cli import main; sys.exit(main())' \
