@@ -4,7 +4,8 @@
 # carry [".whl", ".lmbuild", ".old"]). Each tree runs kvstream-shm (the best single tier) and
 # both tier orders, ROUNDS (2) interleaved rounds of two steps; ORDER="new old" swaps the trees;
 # "cold" in ORDER also runs this tree with --gpu-cold (step 0 makes the GPU connector's first
-# calls), one round; DEADLINE (585) seconds in all; CONFIGS the --gpu-only list. Everything goes under $OUT.
+# calls), one round; DEADLINE (585) seconds in all; CONFIGS the --gpu-only list.
+# Everything goes under $OUT.
 T0=$(date +%s)
 source docs/bench/tools/device_setup.sh
 echo "setup took $(( $(date +%s) - T0 )) s" >> $OUT/machine.log
