@@ -356,12 +356,10 @@ class Engine:
         """How long the loop may sleep: until the next lookup expires or a tier reading would be
         stalled (so that the others claim and hedge its chunks), and at most a second while a
         tier is down (its re-probe) or writes are outstanding."""
-        timeout_ms = -1
         now = self._clock()
-        for nxt in (self._lookups.next_deadline(), self._reads.router.next_stall(now)):
-            if nxt is not None:
-                ms = max(0, int((nxt - now) * 1000) + 1)
-                timeout_ms = ms if timeout_ms < 0 else min(timeout_ms, ms)
+        due = [t for t in (self._lookups.next_deadline(), self._reads.router.next_stall(now))
+               if t is not None]
+        timeout_ms = max(0, int((min(due) - now) * 1000) + 1) if due else -1
         if not self._health.all_up() or self._writer.busy:
             timeout_ms = 1000 if timeout_ms < 0 else min(timeout_ms, 1000)
         return timeout_ms
