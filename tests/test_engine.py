@@ -50,6 +50,28 @@ def test_thousands_of_chunks_round_trip_on_every_tier(tier_dirs, make_engine, io
     assert all(t.chunks > 0 for t in rep.tiers), "both tiers should serve part of the pool"
 
 
+def test_the_completion_loop_survives_an_error_outside_its_turn(tier_dirs, make_engine, caplog):
+    """An exception while the loop decides how long to sleep (here the router's stall
+    deadline, which an A/B against an older routing module lacked) is logged, and the loop
+    goes on serving; its thread once died there and every later get hung."""
+    e = make_engine(tier_dirs)
+    router = e._reads.router
+    real, failures = router.next_stall, []
+
+    def failing(now: float) -> float | None:
+        if len(failures) < 3:
+            failures.append(now)
+            raise RuntimeError("next_stall failed")
+        return real(now)
+
+    router.next_stall = failing
+    keys = [f"model@1@0@{i:x}@bfloat16" for i in range(64)]
+    write_all(e, keys, 8 * KB)
+    check_all(e, keys, 8 * KB)
+    assert len(failures) == 3 and e._loop.alive
+    assert caplog.text.count("unexpected error in the completion loop") == 3
+
+
 def test_files_and_directories_are_private(tier_dirs, make_engine):
     e = make_engine(tier_dirs)
     write_all(e, ["secret-prompt"], 4 * KB)

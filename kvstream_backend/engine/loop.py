@@ -125,12 +125,14 @@ class CompletionLoop(Generic[J]):
         while True:
             try:
                 self._once()
-            except Exception:  # noqa: BLE001 - the loop must survive anything a tier throws
+                if self._stopping and not self._cmds and not self._done and not self._busy():
+                    break
+                wake_ms = 0 if self._cmds or self._done else self._next_wake_ms()
+            except Exception:  # noqa: BLE001 - the loop must survive anything a turn throws
                 log.exception("kvstream: unexpected error in the completion loop")
-            if self._stopping and not self._cmds and not self._done and not self._busy():
-                break
-            if not self._cmds and not self._done:
-                poller.poll(self._next_wake_ms())
+                wake_ms = 50  # what failed is still queued: the next turn retries it
+            if wake_ms:
+                poller.poll(wake_ms)
             self.waker.clear()
         with self._turned:
             self._turned.notify_all()
