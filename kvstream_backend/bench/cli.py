@@ -9,7 +9,9 @@ O_DIRECT; (a)/(d) again with a write backlog as large as a step's reads (``+back
 the next requests' lookups arriving while the step retrieves (``+load``); and (e)
 ``limit-<tier>``, each tier's read limit measured apart from the engine on the same chunk files:
 fio (io_uring, O_DIRECT), or where fio is absent a plain O_DIRECT thread-pool reader. The bound
-D/sum(b_k) comes from (e) only, never from kvstream's own rows.
+D/sum(b_k) comes from (e) only, never from kvstream's own rows; each b_k is the tier's best
+round, since noise only ever slows a read (a virtio disk varies by +-25% from pass to pass, and
+a median limit put kvstream's step under its own bound).
 """
 
 from __future__ import annotations
@@ -493,11 +495,11 @@ def _chunk_files(root: str, shape: Any, idx: list[int]) -> list[str]:
 def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: Any,
             tiers: list[dict[str, Any]], notes: list[str], dropped: bool,
             limit_tool: str, writes: dict[str, list[float]]) -> BenchReport:
-    """Derive each tier's limit b_k, the bound D/sum(b_k) and the targets."""
+    """Derive each tier's limit b_k (its best round), the bound D/sum(b_k) and the targets."""
     by = {c.name: c for c in results}
     limits = []
     for t in tiers:
-        b = D / by[f"limit-{t['name']}"].median_s
+        b = D / min(by[f"limit-{t['name']}"].step_s)
         em = t.get("emulate") or {}
         if em.get("read_mbps"):  # the throttle is invisible to fio: its nominal rate is the limit
             nominal = float(em["read_mbps"]) * (1 << 20)
@@ -506,6 +508,10 @@ def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: 
                          f"{b / 1e9:.2f} GB/s)")
             b = min(b, nominal)
         limits.append(b)
+    notes.append("each tier's limit b_k is its best round ("
+                 + ", ".join(f"{t['name']} {lim / 1e9:.2f} GB/s" for t, lim in
+                             zip(tiers, limits, strict=True))
+                 + "): noise only slows a read; the table's limit rows are medians")
     bound = D / sum(limits)
     a, d = by["kvstream"], by["lmcache-disk"]
     targets = [Target("kvstream step / bound - 1", a.median_s / bound - 1, "<= 0.05",
@@ -528,7 +534,7 @@ def _report(results: list[ConfigResult], D: int, R: int, C: int, S: int, shape: 
                           a.median_s < best_static.median_s))
     targets.append(Target("speedup vs lmcache-disk", d.median_s / a.median_s, ">= 1.5",
                           d.median_s / a.median_s >= 1.5))
-    ratio = by[f"limit-{tiers[0]['name']}"].median_s / by["kvstream-first"].median_s
+    ratio = D / limits[0] / by["kvstream-first"].median_s
     targets.append(Target(f"kvstream-first bandwidth / {limit_tool} limit", ratio, ">= 0.95",
                           ratio >= 0.95))
     share = _first_share(a)

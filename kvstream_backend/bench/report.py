@@ -86,9 +86,10 @@ def render(rep: BenchReport, console: Console) -> None:
             if c.cpu_s else ("-", "-")
         t.add_row(c.name, f"{c.median_s:.3f}", f"{c.gbps:.2f}", gap, speed, *cpu)
     console.print(t)
-    console.print(f"vs bound: step / D/sum(b_k) - 1, b_k = the limit-* rows (measured apart from "
-                  f"the engine), {rep.bound_s:.3f} s per step; vs disk: lmcache-disk's step / "
-                  "this one's; CPU s: this process's, host: the machine's, per step")
+    console.print(f"vs bound: step / D/sum(b_k) - 1, b_k = each limit-* row's best round "
+                  f"(measured apart from the engine), {rep.bound_s:.3f} s per step; vs disk: "
+                  "lmcache-disk's step / this one's; CPU s: this process's, host: the "
+                  "machine's, per step")
     for c in rep.configs:
         if c.tiers:
             console.print(f"  {c.name}: " + ", ".join(
