@@ -29,6 +29,13 @@ class EngineCollector(Collector):
                                 labels=["tier"])
         fix = CounterMetricFamily("kvstream_tier_repaired", "chunk copies re-made from another "
                                   "tier", labels=["tier"])
+        reads = CounterMetricFamily("kvstream_tier_reads", "chunk reads that ended (won, lost "
+                                    "or failed)", labels=["tier"])
+        lost = CounterMetricFamily("kvstream_tier_lost_reads", "good copies read after another "
+                                   "tier's copy was delivered (hedges' losers)", labels=["tier"])
+        lat = CounterMetricFamily("kvstream_tier_read_seconds", "chunk reads' latencies, issue to "
+                                  "completion, summed (mean: rate of this / rate of reads)",
+                                  labels=["tier"])
         for t in st.tiers:
             up.add_metric([t.name], 1.0 if t.up else 0.0)
             used.add_metric([t.name], t.used_bytes)
@@ -40,7 +47,10 @@ class EngineCollector(Collector):
                 err.add_metric([t.name, e], n)
             rep.add_metric([t.name], t.replica_fraction)
             fix.add_metric([t.name], t.repaired)
-        yield from (up, used, rb, wb, q, err, rep, fix)
+            reads.add_metric([t.name], t.reads)
+            lost.add_metric([t.name], t.lost_reads)
+            lat.add_metric([t.name], t.read_s)
+        yield from (up, used, rb, wb, q, err, rep, fix, reads, lost, lat)
         yield CounterMetricFamily("kvstream_chunks_read", "chunks delivered", st.chunks_read)
         miss = CounterMetricFamily("kvstream_misses", "chunks not delivered", labels=["reason"])
         for reason, n in st.misses.items():

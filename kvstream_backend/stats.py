@@ -14,6 +14,10 @@ class TierStep(msgspec.Struct):
     busy_s: float = 0.0  # time with at least one read in flight
     hedged_bytes: int = 0
     errors: int = 0
+    reads: int = 0  # reads that ended (won, lost or failed): reads == chunks + lost + failed
+    lost: int = 0  # reads that returned a good copy after another tier's copy was delivered
+    read_s: float = 0.0  # the reads' latencies (issue to completion), summed
+    max_read_s: float = 0.0  # the longest read that ended in the step
 
     @property
     def bandwidth(self) -> float:
@@ -60,6 +64,9 @@ class TierInfo(msgspec.Struct):
     read_busy_s: float = 0.0  # time with at least one read in flight, since start
     repaired: int = 0  # chunk copies re-made from another tier (replication upkeep)
     replica_fraction: float = 1.0  # of the chunks the other tiers hold, the share this one has
+    reads: int = 0  # reads that ended, since start
+    lost_reads: int = 0  # good copies read after another tier's copy was delivered
+    read_s: float = 0.0  # the reads' latencies (issue to completion), summed
 
 
 class EngineStats(msgspec.Struct):

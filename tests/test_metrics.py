@@ -25,3 +25,11 @@ def test_metrics_follow_the_engine(tier_dirs, make_engine) -> None:
     written = sum(float(line.split()[-1]) for line in text.splitlines()
                   if line.startswith("kvstream_write_bytes_total"))
     assert written == 2 * 3 * fmt.file_size(8192)  # replicated: every chunk on both tiers
+
+    def total(name: str) -> float:
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith(name + "_total{"))
+
+    # every read ended won or lost (no failures here), and each took some time
+    assert total("kvstream_tier_reads") == 3 + total("kvstream_tier_lost_reads")
+    assert total("kvstream_tier_read_seconds") > 0

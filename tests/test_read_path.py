@@ -88,6 +88,11 @@ def test_a_blocked_submit_on_one_tier_does_not_stall_the_other(controlled, monke
     assert rep.tiers[0].hedged_bytes > 0  # tier 1's claims were re-read by tier 0
     assert e.stats().tiers[1].read_bytes > 0  # tier 1's claims were read once released ...
     assert checked.count(0) == 16 and 1 not in checked  # ... and dropped unverified
+    t0, t1 = e.stats().tiers  # every read ends delivered, beaten or failed
+    assert t1.reads > 0 and t1.lost_reads == t1.reads and t1.errors == {}
+    assert t0.reads == 16 + t0.lost_reads and t0.read_s > 0
+    assert rep.tiers[0].reads >= 16 and rep.tiers[0].max_read_s > 0
+    assert rep.tiers[0].max_read_s * rep.tiers[0].reads >= rep.tiers[0].read_s
 
 
 def test_a_front_tier_that_stops_delivering_leaves_its_chunks_to_the_other(controlled):

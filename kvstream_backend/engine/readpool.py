@@ -178,13 +178,14 @@ class ReadPool:
     def finished(self, job: ReadJob, now: float) -> None:
         rt, rid = self._tiers[job.tier], job.rid
         self._slab.put(job.hdr)
-        rt.meter.ended(now, job.moved, hedge=not job.primary)
+        rt.meter.ended(now, job.moved, hedge=not job.primary, started_at=job.t_start)
         if job.primary:
             self._primary_busy.discard(rid)
         won = dead = False
         why = job.reason or (files.errname(job.errno) if job.errno else "lost")
         if job.ok:
             won = self.router.complete(job.tier, rid, now)
+            rt.meter.lost += not won
         else:
             rt.meter.error(why)
             # a bad copy was quarantined by the worker: the other tiers may hold good ones

@@ -17,7 +17,8 @@ class TierMeter:
     """Cumulative counters of one tier; a step's figures are differences of two snapshots."""
 
     __slots__ = ("name", "bytes", "chunks", "busy_s", "hedged_bytes", "errors", "inflight",
-                 "busy_since", "write_bytes", "error_kinds", "repaired")
+                 "busy_since", "write_bytes", "error_kinds", "repaired", "reads", "lost",
+                 "read_s", "max_read_s")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -31,19 +32,28 @@ class TierMeter:
         self.write_bytes = 0
         self.repaired = 0  # chunk copies re-made from another tier
         self.error_kinds: collections.Counter[str] = collections.Counter()
+        self.reads = 0  # reads that ended
+        self.lost = 0  # of those, good copies another tier's copy beat
+        self.read_s = 0.0  # their latencies, summed
+        self.max_read_s = 0.0  # the longest since the open step began
 
     def started(self, now: float) -> None:
         if self.inflight == 0:
             self.busy_since = now
         self.inflight += 1
 
-    def ended(self, now: float, moved: int, hedge: bool) -> None:
+    def ended(self, now: float, moved: int, hedge: bool, started_at: float) -> None:
         self.inflight -= 1
         if self.inflight == 0:
             self.busy_s += now - self.busy_since
         self.bytes += moved
         if hedge:
             self.hedged_bytes += moved
+        took = now - started_at
+        self.reads += 1
+        self.read_s += took
+        if took > self.max_read_s:
+            self.max_read_s = took
 
     def error(self, kind: str) -> None:
         self.errors += 1
@@ -51,12 +61,15 @@ class TierMeter:
 
     def snapshot(self, now: float) -> TierStep:
         busy = self.busy_s + (now - self.busy_since if self.inflight else 0.0)
-        return TierStep(self.name, self.bytes, self.chunks, busy, self.hedged_bytes, self.errors)
+        return TierStep(self.name, self.bytes, self.chunks, busy, self.hedged_bytes,
+                        self.errors, self.reads, self.lost, self.read_s, self.max_read_s)
 
 
 def _delta(a: TierStep, b: TierStep) -> TierStep:
+    """The step between snapshots ``a`` and ``b`` (``max_read_s`` was reset when it opened)."""
     return TierStep(a.name, b.bytes - a.bytes, b.chunks - a.chunks, b.busy_s - a.busy_s,
-                    b.hedged_bytes - a.hedged_bytes, b.errors - a.errors)
+                    b.hedged_bytes - a.hedged_bytes, b.errors - a.errors, b.reads - a.reads,
+                    b.lost - a.lost, b.read_s - a.read_s, b.max_read_s)
 
 
 class StepMeter:
@@ -76,6 +89,8 @@ class StepMeter:
             return
         self.open = True
         self._t0 = self._last = now
+        for m in self._meters:
+            m.max_read_s = 0.0
         self._start = [m.snapshot(now) for m in self._meters]
         self.chunks = self.misses = self.bytes = self.overlap = 0
 

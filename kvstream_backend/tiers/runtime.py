@@ -206,5 +206,6 @@ def tier_infos(tiers: list[TierRuntime], now: float) -> list[TierInfo]:
             t.counters.capacity_skips, dict(m.error_kinds), rt.path.inline_issue,
             m.snapshot(now).busy_s, m.repaired,
             len(held[i] & others) / len(others) if others else 1.0,
+            m.reads, m.lost, m.read_s,
         ))
     return out
