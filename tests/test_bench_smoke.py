@@ -24,6 +24,10 @@ def test_bench_runs_every_configuration(tmp_path) -> None:
             "static-0.9", "lmcache-disk", "kvstream+backlog", "lmcache-disk+backlog"} <= names
     assert all(len(c["step_s"]) == 1 and c["step_s"][0] > 0 for c in rep["configs"])
     assert rep["bound_s"] > 0 and len(rep["targets"]) >= 4
+    kv = next(c for c in rep["configs"] if c["name"] == "kvstream")
+    chunks = 2 * 3  # every chunk of the step was read by some tier, and each read took time
+    assert sum(t["reads"] for t in kv["tiers"]) >= chunks
+    assert all(t["max_read_ms"] > 0 and t["mean_read_ms"] > 0 for t in kv["tiers"] if t["reads"])
     writes = {w["name"]: w["seconds"] for w in rep["writes"]}
     assert set(writes) == {"kvstream", "kvstream-visible", "lmcache-disk", "limit-nvme",
                            "limit-pfs", "limit-nvme+others", "limit-pfs+others"}

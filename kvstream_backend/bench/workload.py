@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from lmcache.utils import CacheEngineKey
@@ -150,13 +150,25 @@ def wait_visible(sm: StorageManager, shape: Shape, idx: list[int],
     return time.perf_counter() - t0
 
 
+class TierReads(NamedTuple):
+    """What one kvstream tier read during a bench step, its prefetches included."""
+
+    name: str
+    bytes: int
+    busy_s: float
+    reads: int
+    lost: int  # good copies another tier's copy beat
+    read_s: float  # latencies, summed
+    max_read_s: float  # the longest read in the step's demanded pools
+
+
 @dataclass
 class StepResult:
     time_s: float
     lookup_s: float
     bytes: int
     engine_steps: list[StepReport] = field(default_factory=list)  # demanded pools in the step
-    tiers: list[tuple[str, int, float]] = field(default_factory=list)  # (name, bytes, busy s)
+    tiers: list[TierReads] = field(default_factory=list)
 
 
 def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bool,
@@ -203,14 +215,16 @@ def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bo
     for _, obj in held:
         obj.ref_count_down()
     reps: list[StepReport] = []
-    tiers: list[tuple[str, int, float]] = []
+    tiers: list[TierReads] = []
     if engine is not None and before is not None:
         engine.wait_idle(60)
         after = engine.stats()
         new = after.steps - before.steps
         reps = list(engine.steps)[-new:] if new else []
-        tiers = [(b.name, a.read_bytes - b.read_bytes, a.read_busy_s - b.read_busy_s)
-                 for b, a in zip(before.tiers, after.tiers, strict=True)]
+        tiers = [TierReads(b.name, a.read_bytes - b.read_bytes, a.read_busy_s - b.read_busy_s,
+                           a.reads - b.reads, a.lost_reads - b.lost_reads, a.read_s - b.read_s,
+                           max((rep.tiers[i].max_read_s for rep in reps), default=0.0))
+                 for i, (b, a) in enumerate(zip(before.tiers, after.tiers, strict=True))]
     return StepResult(t, t_lookup, sum(len(r) for r in requests) * shape.chunk_bytes, reps,
                       tiers)
 
