@@ -343,11 +343,32 @@ def render(rep: GpuReport, console: Any) -> None:
     for c in rep.configs:
         if c.name.startswith("limit-") and c.io:
             console.print(f"  {c.name}: {c.io[-1]}")
+        elif c.kvstream_steps:
+            console.print(f"  {c.name}: {_tier_reads(c.kvstream_steps)}")
     for g in rep.targets:
         mark = "[green]met[/]" if g.met else "[red]NOT met[/]"
         console.print(f"  {g.name}: {g.value:.2f} (target {g.goal}) {mark}")
     for n in rep.notes:
         console.print(f"  [yellow]note:[/] {n}")
+
+
+def _tier_reads(steps: list[list[dict]]) -> str:
+    """Per tier, over the configuration's steps: reads, those lost to another tier's copy, and
+    the longest read of a step (median over steps), from the engine's step reports."""
+    per: dict[str, list[tuple[int, int, float]]] = {}
+    for reports in steps:
+        step: dict[str, tuple[int, int, float]] = {}
+        for rep in reports:
+            for t in rep["tiers"]:
+                n, lost, longest = step.get(t["name"], (0, 0, 0.0))
+                step[t["name"]] = (n + t.get("reads", 0), lost + t.get("lost", 0),
+                                   max(longest, t.get("max_read_s", 0.0)))
+        for name, x in step.items():
+            per.setdefault(name, []).append(x)
+    return "; ".join(
+        f"{name} {statistics.median(x[0] for x in xs):g} reads per step, "
+        f"{statistics.median(x[1] for x in xs):g} lost, longest "
+        f"{1e3 * statistics.median(x[2] for x in xs):.0f} ms" for name, xs in per.items())
 
 
 def only_configs(spec: str | None) -> list[str]:
