@@ -27,7 +27,7 @@ def test_bench_runs_every_configuration(tmp_path) -> None:
     kv = next(c for c in rep["configs"] if c["name"] == "kvstream")
     chunks = 2 * 3  # every chunk of the step was read by some tier, and each read took time
     assert sum(t["reads"] for t in kv["tiers"]) >= chunks
-    assert all(t["max_read_ms"] > 0 and t["mean_read_ms"] > 0 for t in kv["tiers"] if t["reads"])
+    assert all(t["mean_read_ms"] > 0 for t in kv["tiers"] if t["reads"])
     writes = {w["name"]: w["seconds"] for w in rep["writes"]}
     assert set(writes) == {"kvstream", "kvstream-visible", "lmcache-disk", "limit-nvme",
                            "limit-pfs", "limit-nvme+others", "limit-pfs+others"}

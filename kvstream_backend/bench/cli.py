@@ -475,8 +475,7 @@ def _record(res: ConfigResult, r: Any, cpu: _CpuMeter) -> None:
         res.tier_gbps_per_step.setdefault(t.name, []).append(
             t.bytes / t.busy_s / 1e9 if t.busy_s else 0.0)
         res.tier_samples.setdefault(t.name, []).append((t.bytes, t.busy_s))
-        res.tier_reads.setdefault(t.name, []).append(
-            (t.reads, t.lost, t.read_s, t.max_read_s))
+        res.tier_reads.setdefault(t.name, []).append((t.reads, t.lost, t.read_s))
     res.tiers = []
     for name, xs in res.tier_samples.items():
         b = int(statistics.median(x[0] for x in xs))
@@ -486,8 +485,7 @@ def _record(res: ConfigResult, r: Any, cpu: _CpuMeter) -> None:
         res.tiers.append(TierResult(
             name, b, busy, b / busy / 1e9 if busy else 0.0,
             reads=statistics.median(x[0] for x in rs), lost=statistics.median(x[1] for x in rs),
-            mean_read_ms=1e3 * sum(x[2] for x in rs) / n if n else 0.0,
-            max_read_ms=1e3 * statistics.median(x[3] for x in rs)))
+            mean_read_ms=1e3 * sum(x[2] for x in rs) / n if n else 0.0))
 
 
 def _chunk_files(root: str, shape: Any, idx: list[int]) -> list[str]:

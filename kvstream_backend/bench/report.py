@@ -23,7 +23,6 @@ class TierResult(msgspec.Struct):
     reads: float = 0.0
     lost: float = 0.0  # reads whose copy another tier's beat (what hedging cost)
     mean_read_ms: float = 0.0  # over every read of every step
-    max_read_ms: float = 0.0  # the longest read of a step
 
 
 class ConfigResult(msgspec.Struct):
@@ -36,7 +35,7 @@ class ConfigResult(msgspec.Struct):
     engine_gap: list[float] = []  # kvstream's own gap to D/sum(b_k) per step
     tier_gbps_per_step: dict[str, list[float]] = {}
     tier_samples: dict[str, list[tuple[int, float]]] = {}
-    tier_reads: dict[str, list[tuple[int, int, float, float]]] = {}  # reads, lost, s, max s
+    tier_reads: dict[str, list[tuple[int, int, float]]] = {}  # per step: reads, lost, seconds
     cpu_s: list[float] = []  # CPU seconds of the bench process per step
     machine_cpu_s: list[float] = []  # busy CPU seconds of the whole machine per step
     backlog_s: list[float] = []  # from the backlog's put until it is on every tier
@@ -101,8 +100,7 @@ def render(rep: BenchReport, console: Console) -> None:
         if c.tiers:
             console.print(f"  {c.name}: " + ", ".join(
                 f"{x.name} {x.bytes / GB:.2f} GB at {x.gbps:.2f} GB/s ({x.reads:g} reads, "
-                f"{x.lost:g} lost; {x.mean_read_ms:.0f} ms mean, {x.max_read_ms:.0f} max)"
-                for x in c.tiers))
+                f"{x.lost:g} lost, {x.mean_read_ms:.0f} ms each)" for x in c.tiers))
     if rep.writes:
         w = table(f"writes: {rep.write_bytes / GB:.2f} GB per round, rounds interleaved",
                   "writer", "median s", "GB/s", "per round s")

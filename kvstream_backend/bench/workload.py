@@ -159,7 +159,6 @@ class TierReads(NamedTuple):
     reads: int
     lost: int  # good copies another tier's copy beat
     read_s: float  # latencies, summed
-    max_read_s: float  # the longest read in the step's demanded pools
 
 
 @dataclass
@@ -222,9 +221,8 @@ def step(sm: StorageManager, shape: Shape, requests: list[list[int]], verify: bo
         new = after.steps - before.steps
         reps = list(engine.steps)[-new:] if new else []
         tiers = [TierReads(b.name, a.read_bytes - b.read_bytes, a.read_busy_s - b.read_busy_s,
-                           a.reads - b.reads, a.lost_reads - b.lost_reads, a.read_s - b.read_s,
-                           max((rep.tiers[i].max_read_s for rep in reps), default=0.0))
-                 for i, (b, a) in enumerate(zip(before.tiers, after.tiers, strict=True))]
+                           a.reads - b.reads, a.lost_reads - b.lost_reads, a.read_s - b.read_s)
+                 for b, a in zip(before.tiers, after.tiers, strict=True)]
     return StepResult(t, t_lookup, sum(len(r) for r in requests) * shape.chunk_bytes, reps,
                       tiers)
 
