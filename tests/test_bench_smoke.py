@@ -21,7 +21,8 @@ def test_bench_runs_every_configuration(tmp_path) -> None:
     rep = json.loads(out.read_text())
     names = {c["name"] for c in rep["configs"]}
     assert {"kvstream", "kvstream-first", "kvstream-second", "static-0.5", "static-0.7",
-            "static-0.9", "lmcache-disk", "kvstream+backlog", "lmcache-disk+backlog"} <= names
+            "static-0.9", "lmcache-disk", "kvstream+backlog", "lmcache-disk+backlog",
+            "fast", "fast-rev", "fast-alone", "fast-warm"} <= names
     assert all(len(c["step_s"]) == 1 and c["step_s"][0] > 0 for c in rep["configs"])
     assert rep["bound_s"] > 0 and len(rep["targets"]) >= 4
     kv = next(c for c in rep["configs"] if c["name"] == "kvstream")
