@@ -185,7 +185,8 @@ class ReadPool:
         why = job.reason or (files.errname(job.errno) if job.errno else "lost")
         if job.ok:
             won = self.router.complete(job.tier, rid, now)
-            rt.meter.lost += not won
+            if not won:  # a good copy, beaten by another tier's (a hedge's loser)
+                rt.meter.lost += 1
         else:
             rt.meter.error(why)
             # a bad copy was quarantined by the worker: the other tiers may hold good ones
