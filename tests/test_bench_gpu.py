@@ -68,9 +68,11 @@ def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
             assert len(c["warmup_s"]) == 1 and c["warmup_s"][0] > 0, c["name"]
             if c["name"].startswith("kvstream"):  # each tier's reads, from the engine
                 assert f"  {c['name']}: " in r.stdout and " reads per step, " in r.stdout
-                # (reads that ended once the first get waited: earlier prefetches are not in)
-                ended = [t for rep in c["kvstream_steps"][0] for t in rep["tiers"] if t["reads"]]
-                assert ended and all(t["max_read_s"] > 0 for t in ended), c["name"]
+                # (only reads that ended once a get waited: with chunks this small the lookups'
+                # reads may all have landed before, so a step may count none)
+                tiers = [t for rep in c["kvstream_steps"][0] for t in rep["tiers"]]
+                assert all(t["max_read_s"] > 0 for t in tiers if t["reads"]), c["name"]
+                assert all(t["lost"] <= t["reads"] for t in tiers), c["name"]
         else:  # LMCache's backends store, then retrieve, in one process: warm already
             assert c["warmup_s"] == [], c["name"]
     assert any("before its first step" in n for n in rep["notes"])
