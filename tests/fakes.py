@@ -68,8 +68,8 @@ class ControlledQueue:
         if release is not None and not self._ctl.blocked[self._name].is_set():
             self._ctl.blocked[self._name].set()
             release.wait(30)
-        if not self._ctl.open.is_set():
-            self._held.append(op)
+        if not self._ctl.open.is_set() or self._held:  # FIFO: none passes the ops held
+            self._held.append(op)  # (once the gate opens, the tier thread's next flush)
             return True
         with self._ctl._lock:
             self._ctl.log.append((self._name, op))
