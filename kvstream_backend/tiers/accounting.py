@@ -55,6 +55,11 @@ class TierMeter:
         if took > self.max_read_s:
             self.max_read_s = took
 
+    def step_opened(self) -> None:
+        """A step begins: ``max_read_s`` covers its reads from here (the other counters are
+        cumulative; a step takes their difference)."""
+        self.max_read_s = 0.0
+
     def error(self, kind: str) -> None:
         self.errors += 1
         self.error_kinds[kind] += 1
@@ -90,7 +95,7 @@ class StepMeter:
         self.open = True
         self._t0 = self._last = now
         for m in self._meters:
-            m.max_read_s = 0.0
+            m.step_opened()
         self._start = [m.snapshot(now) for m in self._meters]
         self.chunks = self.misses = self.bytes = self.overlap = 0
 
