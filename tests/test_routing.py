@@ -305,6 +305,28 @@ def test_a_slow_tier_leaves_a_short_open_pool_to_the_front() -> None:
     assert r.claim(1, 1.0) == []
 
 
+def test_a_back_tier_does_not_slow_a_read_the_grown_pool_put_near_the_front() -> None:
+    """A device shares its bandwidth among its reads in flight. The slow tier (1.84 GB/s beside
+    20 GB/s, both measured: an H100 host's disk and /dev/shm) may take request 0's last chunk
+    at its lookup (18 ms against the front's 27 ms); once the other requests' lookups grow the
+    pool, more reads from the back would stretch that one past the moment the front gets there,
+    so the slow tier waits for it before it claims the back (stop 35's GPU step: request 0 ready
+    at 90-125 ms behind the disk's four reads)."""
+    size = 32 << 20
+    r = ClaimRouter(2, 4)  # windows sized to the tiers: 4 for the slow one
+    for t, gbps in ((0, 20e9), (1, 1.84e9)):
+        i = r.add({0, 1}, size)
+        assert r.claim(t, 0.0) == [i] and r.complete(t, i, size / gbps)
+    first = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    assert r.claim(1, 1.0) == [first[-1]], "one read: 18 ms, the front needs 27"
+    rest = [r.add({0, 1}, size, lookup=True) for _ in range(112)]
+    assert r.window(1) == 4
+    assert r.claim(1, 1.001) == [], "a second read would make the first land in 36 ms"
+    assert r.complete(1, first[-1], 1.019)
+    got = r.claim(1, 1.019)
+    assert got and got == rest[::-1][:len(got)], "then the back of the step"
+
+
 def test_a_tier_whose_reads_lose_to_hedges_reads_one_ahead_until_one_wins() -> None:
     size = 32 << 20
     r = ClaimRouter(2, 4, window=8)

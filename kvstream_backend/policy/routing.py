@@ -18,13 +18,18 @@ bandwidths put the meeting point, with no split computed in advance. A tier only
 it holds.
 
 **The guard.** A tier claiming from the back takes a chunk only if it would deliver it (its
-reads queued ahead, at its measured rate) before the tiers claiming from the front deliver it
-(their reads in flight and the chunks before it, at their summed rate); from the back, the
-first chunk refused means every later one is too. In an open pool the back is only the back so
-far: without the guard the slow tier, claiming at the first request's lookup, read that
-request's last chunks, which the later lookups put first in line for the gets (on an H200, disk
-at 1.5 GB/s beside /dev/shm at 35 GB/s, the first request of every step waited 30 ms longer
-than the second for the disk's three chunks). In a sealed pool a read the front delivers first
+reads in flight and this one, at its measured rate) before the tiers claiming from the front
+deliver it (their reads in flight and the chunks before it, at their summed rate); from the
+back, the first chunk refused means every later one is too. A device shares its bandwidth among
+the reads in flight, so the new read also delays the tier's earlier ones: the guard holds for
+the one of them nearest the front, too. In an open pool the back is only the back so far:
+without the guard the slow tier, claiming at the first request's lookup, read that request's
+last chunks, which the later lookups put first in line for the gets (on an H200, disk at 1.5
+GB/s beside /dev/shm at 35 GB/s, the first request of every step waited 30 ms longer than the
+second for the disk's three chunks); with it but blind to the reads in flight, the disk took one
+such chunk (18 ms at its rate, the front 27 ms away), then the back of the grown pool, and that
+one read shared the disk with three more: request 0 waited 90-125 ms, request 1 60-85 ms (an
+H100, ``bench --gpu``, stop 35). In a sealed pool a read the front delivers first
 is waste: the cold step of a process with /dev/shm listed first ended 57 ms late on the disk's
 last four reads (``docs/bench/tools/router_shared.py rev``: 179 ms, bound 118). The guard lets
 a claim through before the rates it compares are measured, and ignores a front tier that is
@@ -370,9 +375,10 @@ class ClaimRouter:
                 yield i
 
     def _sooner(self, tier: int, i: int, picked: int, now: float) -> bool:
-        """Whether ``tier`` would deliver chunk ``i`` before the tiers that claim from the front
-        reach it (see the module doc); True where it claims from the front, a rate is not
-        measured yet or every front tier holding the chunk is stalled."""
+        """Whether ``tier`` would deliver chunk ``i``, and still each chunk it is reading, before
+        the tiers that claim from the front reach them (see the module doc); True where it
+        claims from the front, a rate is not measured yet or every front tier holding the chunk
+        is stalled."""
         c = self._chunks[i]
         rate = self._rate[tier]
         if self._front[tier] or not rate or c.pool is None:
@@ -382,9 +388,17 @@ class ClaimRouter:
         front_rate = sum(self._rate[t] or 0.0 for t in fronts)
         if not front_rate:
             return True
+        # The tier's reads share its bandwidth, so a new read also delays every read it has in
+        # flight: each must still land before the front reaches it, and the one nearest the
+        # front binds (in an open pool, a chunk claimed as the back moves forward as lookups
+        # add chunks after it).
+        ahead = c.pos - c.pool.lo + 1
+        for j in self._started[tier]:
+            d = self._chunks.get(j)
+            if d is not None and d.claimer == tier and d.state == INFLIGHT and d.pool is not None:
+                ahead = min(ahead, max(d.pos - d.pool.lo + 1, 0))
         mine = (self._outstanding[tier] + picked + 1) / rate
-        theirs = (sum(self._outstanding[t] for t in fronts) + c.pos - c.pool.lo + 1) / front_rate
-        return mine < theirs
+        return mine < (sum(self._outstanding[t] for t in fronts) + ahead) / front_rate
 
     def _stall_at(self, tier: int) -> float | None:
         """When ``tier`` is *stalled* unless a read completes first: its oldest read in flight
