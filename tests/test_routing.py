@@ -327,6 +327,28 @@ def test_a_back_tier_does_not_slow_a_read_the_grown_pool_put_near_the_front() ->
     assert got and got == rest[::-1][:len(got)], "then the back of the step"
 
 
+def test_a_read_the_front_tier_hedges_does_not_hold_the_back_tier() -> None:
+    """The same, but the fast tier, idle, re-reads that chunk: whichever copy lands first is
+    delivered, so the slow tier's further claims cannot delay it and it claims the back."""
+    size = 32 << 20
+    r = ClaimRouter(2, 4)
+    for t, gbps in ((0, 20e9), (1, 1.84e9)):
+        i = r.add({0, 1}, size)
+        assert r.claim(t, 0.0) == [i] and r.complete(t, i, size / gbps)
+    first = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    assert r.claim(1, 1.0) == [first[-1]]
+    now, mine = 1.0, r.claim(0, 1.0)
+    while first[-1] not in mine:
+        for i in mine:  # one after another at 20 GB/s
+            now += size / 20e9
+            assert r.complete(0, i, now)
+        mine = r.claim(0, now)
+    assert mine[-1] == first[-1], "its claims done, the fast tier hedges the slow one's read"
+    rest = [r.add({0, 1}, size, lookup=True) for _ in range(112)]
+    got = r.claim(1, now)
+    assert got and got == rest[::-1][:len(got)]
+
+
 def test_a_tier_whose_reads_lose_to_hedges_reads_one_ahead_until_one_wins() -> None:
     size = 32 << 20
     r = ClaimRouter(2, 4, window=8)

@@ -391,11 +391,12 @@ class ClaimRouter:
         # The tier's reads share its bandwidth, so a new read also delays every read it has in
         # flight: each must still land before the front reaches it, and the one nearest the
         # front binds (in an open pool, a chunk claimed as the back moves forward as lookups
-        # add chunks after it).
+        # add chunks after it). A read another tier also has in flight (a hedge) binds nothing.
         ahead = c.pos - c.pool.lo + 1
         for j in self._started[tier]:
             d = self._chunks.get(j)
-            if d is not None and d.claimer == tier and d.state == INFLIGHT and d.pool is not None:
+            if (d is not None and d.claimer == tier and d.state == INFLIGHT
+                    and len(d.readers) == 1 and d.pool is not None):
                 ahead = min(ahead, max(d.pos - d.pool.lo + 1, 0))
         mine = (self._outstanding[tier] + picked + 1) / rate
         return mine < (sum(self._outstanding[t] for t in fronts) + ahead) / front_rate
