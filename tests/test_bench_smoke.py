@@ -61,3 +61,23 @@ def test_bench_on_given_tiers_leaves_them_as_it_found_them(tmp_path, capsys) -> 
     assert main([*tiny, "--tier", str(a), "--tier", f"{b}:jitter=2"]) == 2  # a bad option
     assert "emulate.jitter" in capsys.readouterr().out
     assert os.listdir(a) == os.listdir(b) == ["mine"]  # nothing made for a run refused
+
+
+def test_set_lays_kvstream_keys_over_the_bench_and_names_a_bad_one(tmp_path, capsys) -> None:
+    """``--set KEY=VALUE`` reaches every kvstream configuration (the report says so); a key
+    kvstream does not have, a bad value or the tiers (``--tier``'s) is refused by name."""
+    tiny = ["bench", "--requests", "1", "--chunks", "2", "--steps", "1", "--layers", "2",
+            "--kv-bytes-per-token", "4096", "--write-rounds", "1", "--workdir", str(tmp_path)]
+    for bad, named in ((["--set", "read_target_ms=soon"], "--set.read_target_ms"),
+                       (["--set", "read_tagret_ms=25"], "read_tagret_ms"),
+                       (["--set", "tiers=[]"], "--set.tiers"),
+                       (["--set", "static_split=0.5"], "--set.static_split")):
+        assert main([*tiny, *bad]) == 2
+        assert named in " ".join(capsys.readouterr().out.split())
+    out, stats = tmp_path / "bench.json", tmp_path / "engine-stats.json"
+    assert main([*tiny, "--set", f"stats_file={stats}", "--set", "hedge=false",
+                 "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert f"--set stats_file={stats} hedge=False: over the bench's own keys in every " \
+           "kvstream configuration" in rep["notes"]
+    assert json.loads(stats.read_text())["tiers"], "the engines wrote their counters there"

@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import format as fmt
-from ..config import parse_config
+from ..argtypes import setting
+from ..config import ConfigError, parse_config
 from ..io import files
 from ..tiers.emulate import serial_seconds, tier_throttle
 from .report import BenchReport, ConfigResult, Target, TierResult, WriteRow, plot, render, save
+from .settings import settings, settings_notes
 
 DEFAULT_PFS = {"read_mbps": 600, "write_mbps": 400, "jitter": 0.35, "pattern": "bursty",
                "period_s": 1.0, "seed": 1}
@@ -63,6 +65,9 @@ def add_bench_parser(sub: Any) -> None:
                    help="interleaved write rounds (kvstream, each tier's write limit, "
                    "LMCache's disk backend), each putting two steps' chunks")
     p.add_argument("--claim-batch", type=int, default=4)
+    p.add_argument("--set", action="append", type=setting, default=[], metavar="KEY=VALUE",
+                   help="a kvstream.* key for every kvstream configuration, over the bench's "
+                   "own (repeat; e.g. --set read_target_ms=25); with --gpu too")
     p.add_argument("--quick", action="store_true", help="a smaller run (< 3 min on 2 cores)")
     p.add_argument("--workdir", default="/var/tmp", help="where the local-disk tier is created")
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
@@ -124,11 +129,14 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from ..config import ConfigError
-
     for name in ("lmcache", "kvstream"):
         logging.getLogger(name).setLevel(logging.ERROR)
     console = Console()
+    try:
+        args.settings = settings(args.set)
+    except ConfigError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
     if args.gpu and (args.trace or args.rescore):
         from .replay import run_replay
 
@@ -175,7 +183,7 @@ class Bench:
         n = self.R * self.C  # the next step's requests (their lookups are the load)
         self.next_requests = [[n + r * self.C + j for j in range(self.C)] for r in range(self.R)]
         self.next_idx = [i for r in self.next_requests for i in r]
-        self.notes: list[str] = []
+        self.notes: list[str] = settings_notes(args.settings)
         self._cleanup: list[str] = []
         if args.tier:
             self.tiers = [parse_tier(s, f"tier{i}") for i, s in enumerate(args.tier)]
@@ -224,7 +232,10 @@ class Bench:
 
     def configs(self) -> list[Config]:
         m, t = self.args.claim_batch, self.tiers
-        kv = functools.partial(self.W.kvstream_backend, prefetch_max_gb=self.D / GiB)
+        def kv(tiers: list[dict[str, Any]], **keys: Any) -> dict[str, Any]:
+            return self.W.kvstream_backend(tiers, prefetch_max_gb=self.D / GiB,
+                                           **{**keys, **self.args.settings})
+
         disk_dir = os.path.join(t[0]["path"], "lmcache-disk")
         os.makedirs(disk_dir, exist_ok=True)
         base = [

@@ -37,6 +37,7 @@ from ..tables import table
 from . import plain
 from .gpu_worker import DRY, Phase, Shape, device
 from .report import save
+from .settings import settings_notes
 
 GB = 1e9
 CONFIGS = ("kvstream-disk", "kvstream-shm", "kvstream", "kvstream-rev", "static-0.5",
@@ -95,7 +96,8 @@ class GpuBench:
         self.json: str | None = args.json
         self.results: dict[str, GpuConfig] = {}
         self.only = set(only_configs(args.gpu_only))
-        self.notes: list[str] = []
+        self.settings: dict[str, Any] = args.settings  # --set, over the bench's own keys
+        self.notes: list[str] = settings_notes(args.settings)
 
     # ---- LMCache configurations ----------------------------------------------------------
     def _base(self, local_cpu: bool = False) -> dict[str, Any]:
@@ -116,7 +118,7 @@ class GpuBench:
             # the store phase writes a whole step at once: stage it all, so that every tier
             # holds every chunk before the first retrieve (a smaller budget sheds copies)
             "kvstream.staging_budget_mb": 2 * self.shape.step_bytes >> 20,
-            **{f"kvstream.{k}": v for k, v in opts.items()},
+            **{f"kvstream.{k}": v for k, v in {**opts, **self.settings}.items()},
         }
         return cfg
 

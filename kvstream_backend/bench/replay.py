@@ -47,6 +47,7 @@ from . import plain
 from .gpu_worker import DRY, device
 from .replay_worker import ModelShape, ReplaySpec
 from .report import save
+from .settings import settings_notes
 
 GB = 1e9
 STORAGE_CONFIGS = ("kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk",
@@ -128,7 +129,7 @@ class ReplayBench:
         self.disk = os.path.join(self.work, "tier-disk")
         self.shm = os.path.join(args.gpu_shm, "kvstream-replay")
         self.lmc = os.path.join(self.work, "lmcache-disk")
-        self.notes: list[str] = []
+        self.notes: list[str] = settings_notes(args.settings)
         self.limit_samples: dict[str, list[float]] = {}
         self.to_gpu_samples: dict[str, list[float]] = {}
         self.prefill_samples: list[tuple[int, int, float]] = []
@@ -167,7 +168,7 @@ class ReplayBench:
             # the store pass writes every prefix at once: stage it all, so that nothing is
             # shed or dropped and every tier holds every chunk before the replay
             "kvstream.staging_budget_mb": int(self._stored_gb() * 1.1 * 1024) + 256,
-            **{f"kvstream.{k}": v for k, v in opts.items()},
+            **{f"kvstream.{k}": v for k, v in {**opts, **self.args.settings}.items()},
         }
         return cfg
 
