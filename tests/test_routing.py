@@ -327,6 +327,33 @@ def test_a_back_tier_does_not_slow_a_read_the_grown_pool_put_near_the_front() ->
     assert got and got == rest[::-1][:len(got)], "then the back of the step"
 
 
+def test_a_back_tier_does_not_hedge_at_the_cost_of_its_own_read_near_the_front() -> None:
+    """A hedge is a read like any other: it shares the tier's bandwidth with the reads in
+    flight. Request 1's chunks queue behind request 0's on the fast tier (21.9 GB/s, its reads
+    served in claim order), so the slow tier (1.5 GB/s) would deliver one sooner, but only by
+    delaying request 0's chunk it is reading, which the front would then reach first (the
+    router-only model ``router_shared.py --fast-servers 16``: request 0 in at 81 ms with such
+    hedges, 22 ms without)."""
+    size = 32 << 20
+    r = ClaimRouter(2, 4)
+    for t, gbps in ((0, 21.9e9), (1, 1.5e9)):
+        i = r.add({0, 1}, size)
+        assert r.claim(t, 0.0) == [i] and r.complete(t, i, size / gbps)
+
+    def fill(t: int, now: float) -> list[int]:
+        got: list[int] = []
+        while more := r.claim(t, now):
+            got += more
+        return got
+
+    req0 = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    assert r.claim(1, 1.0) == [req0[-1]]
+    assert fill(0, 1.0) == req0[:-1]
+    req1 = [r.add({0, 1}, size, lookup=True) for _ in range(16)]
+    assert fill(0, 1.002) == req1
+    assert r.claim(1, 1.002) == [], "no claim and no hedge while request 0's chunk is in flight"
+
+
 def test_a_read_the_front_tier_hedges_does_not_hold_the_back_tier() -> None:
     """The same, but the fast tier, idle, re-reads that chunk: whichever copy lands first is
     delivered, so the slow tier's further claims cannot delay it and it claims the back."""

@@ -52,7 +52,9 @@ chunk at a time until one of its reads is delivered: its reads only took device 
 **Hedges.** After its own claims in a pool, a tier with room re-reads chunks of that pool in
 flight on other tiers, if it would deliver them sooner: its own reads queued ahead of the
 hedge, at its measured rate, against the other tier's reads started before that chunk (and
-half of it), at that tier's rate; the first copy to land wins.
+half of it), at that tier's rate; the first copy to land wins. A hedge shares the tier's
+bandwidth like a claim, so a tier claiming from the back hedges only while the guard holds for
+its reads in flight.
 At most ``max(m, the largest other window)`` hedges per tier per pool. Before its own claims, a
 tier at the front first hedges, the same way, the reads another tier claimed from the front and
 still has in flight after the ends swapped: a process's first step gives the front by the
@@ -376,30 +378,38 @@ class ClaimRouter:
 
     def _sooner(self, tier: int, i: int, picked: int, now: float) -> bool:
         """Whether ``tier`` would deliver chunk ``i``, and still each chunk it is reading, before
-        the tiers that claim from the front reach them (see the module doc); True where it
-        claims from the front, a rate is not measured yet or every front tier holding the chunk
-        is stalled."""
+        the tiers that claim from the front reach them (see :meth:`_in_time`)."""
         c = self._chunks[i]
+        return c.pool is None or self._in_time(tier, self._outstanding[tier] + picked + 1, now, c)
+
+    def _in_time(self, tier: int, reads: int, now: float, c: _Chunk | None = None) -> bool:
+        """Whether ``tier``, with ``reads`` reads in flight (those it has and those it would
+        add), delivers chunk ``c`` (if given) and every chunk only it is reading before the
+        tiers claiming from the front would (see the module doc). True where it claims from the
+        front, its rate is not measured yet or no front tier is measured and running.
+
+        The front delivers a chunk after its reads in flight (the chunks just before ``lo``) and
+        the unclaimed ones up to it; a chunk already behind ``lo``, after those of its reads that
+        come before it. The tier's reads share its bandwidth, so a new read (a claim or a hedge)
+        also delays every read it has in flight: the one nearest the front binds (in an open
+        pool, a chunk claimed as the back moves forward as lookups add chunks after it). A read
+        another tier also has in flight (a hedge) binds nothing."""
         rate = self._rate[tier]
-        if self._front[tier] or not rate or c.pool is None:
+        if self._front[tier] or not rate:
             return True
-        fronts = [t for t in c.holders
+        fronts = [t for t in (c.holders if c is not None else range(self.n_tiers))
                   if self._front[t] and t != tier and not self._stalled(t, now)]
         front_rate = sum(self._rate[t] or 0.0 for t in fronts)
         if not front_rate:
             return True
-        # The tier's reads share its bandwidth, so a new read also delays every read it has in
-        # flight: each must still land before the front reaches it, and the one nearest the
-        # front binds (in an open pool, a chunk claimed as the back moves forward as lookups
-        # add chunks after it). A read another tier also has in flight (a hedge) binds nothing.
-        ahead = c.pos - c.pool.lo + 1
+        front_out = sum(self._outstanding[t] for t in fronts)
+        ahead = math.inf if c is None or c.pool is None else front_out + c.pos - c.pool.lo + 1
         for j in self._started[tier]:
             d = self._chunks.get(j)
             if (d is not None and d.claimer == tier and d.state == INFLIGHT
                     and len(d.readers) == 1 and d.pool is not None):
-                ahead = min(ahead, max(d.pos - d.pool.lo + 1, 0))
-        mine = (self._outstanding[tier] + picked + 1) / rate
-        return mine < (sum(self._outstanding[t] for t in fronts) + ahead) / front_rate
+                ahead = min(ahead, max(front_out + d.pos - d.pool.lo + 1, 0))
+        return reads / rate < ahead / front_rate
 
     def _stall_at(self, tier: int) -> float | None:
         """When ``tier`` is *stalled* unless a read completes first: its oldest read in flight
@@ -448,6 +458,8 @@ class ClaimRouter:
         if all((r := self._rate[o]) and (queued + 1) * r >= (len(self._started[o]) - 0.5) * rate
                and not self._stalled(o, now) for o in range(self.n_tiers) if o != tier):
             return 0
+        if not self._in_time(tier, queued + 1, now):
+            return 0  # (a back tier: one more read would make one of its own late)
         for i in list(pool.inflight):
             c = self._chunks[i]
             if tier in c.readers or tier not in c.holders or i in picks:
@@ -459,7 +471,7 @@ class ClaimRouter:
                 picks.append(i)
                 queued += 1
                 n += 1
-                if n == budget:
+                if n == budget or not self._in_time(tier, queued + 1, now):
                     break
         if not stale_front:
             pool.hedged[tier] += n

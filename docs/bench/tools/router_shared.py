@@ -5,8 +5,10 @@ apart, then the gets one after another, each followed by an 11 ms scatter. Three
 process; prints when request 0's chunks were all in, when every chunk was, how many chunks the
 slow tier delivered, and the hedges so far per tier.
 
-Usage: ``python router_shared.py [rev]`` (default: the 1.5 GB/s tier listed first, as
-``kvstream bench --gpu``'s ``kvstream``; ``rev``: the 35 GB/s tier first, as ``kvstream-rev``).
+Usage: ``python router_shared.py [rev] [--fast-servers K]`` (default: the 1.5 GB/s tier listed
+first, as ``kvstream bench --gpu``'s ``kvstream``; ``rev``: the 35 GB/s tier first, as
+``kvstream-rev``; ``--fast-servers K``: the fast tier serves its reads K at a time in claim
+order, as threads copying from /dev/shm do, instead of sharing among all of them).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from kvstream_backend.policy.routing import ClaimRouter
 SCATTER_S, DT = 0.011, 1e-4  # the lookups and chunks are router_order.py's
 
 
-def step(r: ClaimRouter, bw: list[float], t0: float) -> float:
+def step(r: ClaimRouter, bw: list[float], t0: float, servers: list[int | None]) -> float:
     inflight: list[dict[int, float]] = [{}, {}]  # per tier: chunk -> bytes left
     ready: dict[int, float] = {}
     ids: list[int] = []
@@ -43,8 +45,9 @@ def step(r: ClaimRouter, bw: list[float], t0: float) -> float:
             for t in (0, 1):
                 if not inflight[t]:
                     continue
-                share = bw[t] * DT / len(inflight[t])
-                for i in list(inflight[t]):
+                active = list(inflight[t])[:servers[t]]  # claim order; None: all of them
+                share = bw[t] * DT / len(active)
+                for i in active:
                     inflight[t][i] -= share
                     if inflight[t][i] <= 0:
                         del inflight[t][i]
@@ -77,7 +80,11 @@ def step(r: ClaimRouter, bw: list[float], t0: float) -> float:
 
 
 def main() -> None:
-    three_steps(step, [35e9, 1.5e9] if sys.argv[1:] == ["rev"] else [1.5e9, 35e9])
+    args = sys.argv[1:]
+    k = int(args[args.index("--fast-servers") + 1]) if "--fast-servers" in args else None
+    bw = [35e9, 1.5e9] if "rev" in args else [1.5e9, 35e9]
+    servers = [k if b == max(bw) else None for b in bw]
+    three_steps(lambda r, rates, t0: step(r, rates, t0, servers), bw)
 
 
 if __name__ == "__main__":
