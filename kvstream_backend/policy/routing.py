@@ -27,9 +27,10 @@ without the guard the slow tier, claiming at the first request's lookup, read th
 last chunks, which the later lookups put first in line for the gets (on an H200, disk at 1.5
 GB/s beside /dev/shm at 35 GB/s, the first request of every step waited 30 ms longer than the
 second for the disk's three chunks); with it but blind to the reads in flight, the disk took one
-such chunk (18 ms at its rate, the front 27 ms away), then the back of the grown pool, and that
-one read shared the disk with three more: request 0 waited 90-125 ms, request 1 60-85 ms (an
-H100, ``bench --gpu``, stop 35). In a sealed pool a read the front delivers first
+such chunk (18 ms at its rate, the front 27 ms away) and then more, each worth reading by itself,
+and the first shared the disk with them: request 0 waited 90-125 ms, request 1 60-85 ms (an
+H100, ``bench --gpu``, stop 35; modelled, ``router_shared.py --fast-servers 16``: 81 ms, and
+22 ms once the reads in flight count). In a sealed pool a read the front delivers first
 is waste: the cold step of a process with /dev/shm listed first ended 57 ms late on the disk's
 last four reads (``docs/bench/tools/router_shared.py rev``: 179 ms, bound 118). The guard lets
 a claim through before the rates it compares are measured, and ignores a front tier that is
