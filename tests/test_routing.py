@@ -354,6 +354,21 @@ def test_a_back_tier_does_not_hedge_at_the_cost_of_its_own_read_near_the_front()
     assert r.claim(1, 1.002) == [], "no claim and no hedge while request 0's chunk is in flight"
 
 
+def test_reads_claimed_from_the_front_before_the_ends_swapped_do_not_hold_the_back() -> None:
+    """A cold process: the slow tier, listed first, starts at the front; once the fast tier's
+    probe shows it faster, the ends swap. The slow tier's front reads are the new front's to
+    hedge; they do not keep the slow tier off the back of the step."""
+    size = 32 << 20
+    r = ClaimRouter(2, 4)
+    xs = [r.add({0, 1}, size, lookup=True) for _ in range(64)]
+    r.demand(xs[0])
+    assert r.claim(0, 0.0) == xs[:4] and r.claim(1, 0.0) == [xs[-1]]
+    assert r.complete(1, xs[-1], size / 20e9)
+    assert r.complete(0, xs[0], 4 * size / 1.5e9)  # its four reads shared 1.5 GB/s
+    got = r.claim(0, 4 * size / 1.5e9)
+    assert got and got == xs[-2::-1][:len(got)], "now at the back, it claims the back"
+
+
 def test_a_read_the_front_tier_hedges_does_not_hold_the_back_tier() -> None:
     """The same, but the fast tier, idle, re-reads that chunk: whichever copy lands first is
     delivered, so the slow tier's further claims cannot delay it and it claims the back."""
