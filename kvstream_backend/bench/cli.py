@@ -232,6 +232,7 @@ class Bench:
 
     def configs(self) -> list[Config]:
         m, t = self.args.claim_batch, self.tiers
+
         def kv(tiers: list[dict[str, Any]], **keys: Any) -> dict[str, Any]:
             return self.W.kvstream_backend(tiers, prefetch_max_gb=self.D / GiB,
                                            **{**keys, **self.args.settings})
