@@ -5,10 +5,12 @@ apart, then the gets one after another, each followed by an 11 ms scatter. Three
 process; prints when request 0's chunks were all in, when every chunk was, how many chunks the
 slow tier delivered, and the hedges so far per tier.
 
-Usage: ``python router_shared.py [rev] [--fast-servers K]`` (default: the 1.5 GB/s tier listed
-first, as ``kvstream bench --gpu``'s ``kvstream``; ``rev``: the 35 GB/s tier first, as
-``kvstream-rev``; ``--fast-servers K``: the fast tier serves its reads K at a time in claim
-order, as threads copying from /dev/shm do, instead of sharing among all of them).
+Usage: ``python router_shared.py [rev] [--fast-servers K] [--warm-up]`` (default: the 1.5 GB/s
+tier listed first, as ``kvstream bench --gpu``'s ``kvstream``; ``rev``: the 35 GB/s tier first,
+as ``kvstream-rev``; ``--fast-servers K``: the fast tier serves its reads K at a time in claim
+order, as threads copying from /dev/shm do, instead of sharing among all of them;
+``--warm-up``: a step of one chunk first, as ``bench --gpu``'s retrieve process reads before
+its first step).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from kvstream_backend.policy.routing import ClaimRouter
 SCATTER_S, DT = 0.011, 1e-4  # the lookups and chunks are router_order.py's
 
 
-def step(r: ClaimRouter, bw: list[float], t0: float, servers: list[int | None]) -> float:
+def step(r: ClaimRouter, bw: list[float], t0: float, servers: list[int | None],
+         requests: int = REQUESTS, chunks: int = CHUNKS) -> float:
     inflight: list[dict[int, float]] = [{}, {}]  # per tier: chunk -> bytes left
     ready: dict[int, float] = {}
     ids: list[int] = []
@@ -56,13 +59,13 @@ def step(r: ClaimRouter, bw: list[float], t0: float, servers: list[int | None]) 
                             slow_delivered += t == slow
             fill()  # every tick, as a driver that claims whenever it may have room
 
-    for q in range(REQUESTS):  # the lookups: reads start as each request's chunks arrive
+    for q in range(requests):  # the lookups: reads start as each request's chunks arrive
         advance(t0 + q * LOOKUP_GAP_S)
-        ids += [r.add({0, 1}, SIZE, lookup=True) for _ in range(CHUNKS)]
+        ids += [r.add({0, 1}, SIZE, lookup=True) for _ in range(chunks)]
         fill()
     first = 0.0
-    for q in range(REQUESTS):  # the gets, in order, each followed by its scatter
-        mine = ids[q * CHUNKS:(q + 1) * CHUNKS]
+    for q in range(requests):  # the gets, in order, each followed by its scatter
+        mine = ids[q * chunks:(q + 1) * chunks]
         for i in mine:
             r.demand(i)
         fill()
@@ -84,6 +87,14 @@ def main() -> None:
     k = int(args[args.index("--fast-servers") + 1]) if "--fast-servers" in args else None
     bw = [35e9, 1.5e9] if "rev" in args else [1.5e9, 35e9]
     servers = [k if b == max(bw) else None for b in bw]
+    if "--warm-up" in args:
+        r = ClaimRouter(2, 4)
+        print("warm-up (one chunk)")
+        t = step(r, bw, 0.0, servers, requests=1, chunks=1) + 0.05
+        for s in range(3):
+            print(f"step {s + 1}")
+            t = step(r, bw, t, servers) + 0.05
+        return
     three_steps(lambda r, rates, t0: step(r, rates, t0, servers), bw)
 
 
