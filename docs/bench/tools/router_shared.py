@@ -10,11 +10,13 @@ tier listed first, as ``kvstream bench --gpu``'s ``kvstream``; ``rev``: the 35 G
 as ``kvstream-rev``; ``--fast-servers K``: the fast tier serves its reads K at a time in claim
 order, as threads copying from /dev/shm do, instead of sharing among all of them;
 ``--warm-up``: a step of one chunk first, as ``bench --gpu``'s retrieve process reads before
-its first step).
+its first step; ``--gbps SLOW,FAST``: the tiers' bandwidths, GB/s, default 1.5,35;
+``--fast-read-gbps G``: each of the fast tier's reads at most G GB/s, as one thread copies).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 
 from router_order import CHUNKS, LOOKUP_GAP_S, REQUESTS, SIZE, three_steps
@@ -25,7 +27,8 @@ SCATTER_S, DT = 0.011, 1e-4  # the lookups and chunks are router_order.py's
 
 
 def step(r: ClaimRouter, bw: list[float], t0: float, servers: list[int | None],
-         requests: int = REQUESTS, chunks: int = CHUNKS) -> float:
+         requests: int = REQUESTS, chunks: int = CHUNKS,
+         cap: list[float] | None = None) -> float:
     inflight: list[dict[int, float]] = [{}, {}]  # per tier: chunk -> bytes left
     ready: dict[int, float] = {}
     ids: list[int] = []
@@ -49,7 +52,7 @@ def step(r: ClaimRouter, bw: list[float], t0: float, servers: list[int | None],
                 if not inflight[t]:
                     continue
                 active = list(inflight[t])[:servers[t]]  # claim order; None: all of them
-                share = bw[t] * DT / len(active)
+                share = min(bw[t] / len(active), cap[t] if cap else math.inf) * DT
                 for i in active:
                     inflight[t][i] -= share
                     if inflight[t][i] <= 0:
@@ -84,18 +87,24 @@ def step(r: ClaimRouter, bw: list[float], t0: float, servers: list[int | None],
 
 def main() -> None:
     args = sys.argv[1:]
-    k = int(args[args.index("--fast-servers") + 1]) if "--fast-servers" in args else None
-    bw = [35e9, 1.5e9] if "rev" in args else [1.5e9, 35e9]
+    def opt(name: str) -> str | None:
+        return args[args.index(name) + 1] if name in args else None
+
+    k = int(opt("--fast-servers") or 0) or None
+    slow, fast = (float(g) * 1e9 for g in (opt("--gbps") or "1.5,35").split(","))
+    bw = [fast, slow] if "rev" in args else [slow, fast]
     servers = [k if b == max(bw) else None for b in bw]
+    g = opt("--fast-read-gbps")
+    cap = [float(g) * 1e9 if g and b == max(bw) else math.inf for b in bw]
     if "--warm-up" in args:
         r = ClaimRouter(2, 4)
         print("warm-up (one chunk)")
-        t = step(r, bw, 0.0, servers, requests=1, chunks=1) + 0.05
+        t = step(r, bw, 0.0, servers, requests=1, chunks=1, cap=cap) + 0.05
         for s in range(3):
             print(f"step {s + 1}")
-            t = step(r, bw, t, servers) + 0.05
+            t = step(r, bw, t, servers, cap=cap) + 0.05
         return
-    three_steps(lambda r, rates, t0: step(r, rates, t0, servers), bw)
+    three_steps(lambda r, rates, t0: step(r, rates, t0, servers, cap=cap), bw)
 
 
 if __name__ == "__main__":
