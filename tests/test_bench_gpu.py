@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -109,3 +110,37 @@ def test_gpu_only_runs_the_named_configurations_and_refuses_unknown_ones(tmp_pat
     # only targets whose rows ran
     assert [t["name"] for t in rep["targets"]] == [
         "kvstream step / best single tier's step", "kvstream step / max(storage read, host->GPU)"]
+
+
+def test_a_run_cut_short_keeps_every_row_it_finished(tmp_path):
+    """A device call has a hard limit. A run killed in LMCache's CPU backend's phase leaves the
+    JSON with the disk backend's row, measured just before (on an H200 a run cut at 520 s lost
+    that row: the report was written only after both)."""
+    out = tmp_path / "gpu.json"
+    shm = f"/dev/shm/kvs-gpu-test-cut-{os.getpid()}"
+    os.makedirs(shm)
+    p = subprocess.Popen(CLI + ["--gpu-shape", "2,2,64,16", "--requests", "2",
+                                "--gpu-tokens", "256", "--gpu-rounds", "1", "--gpu-iters", "1",
+                                "--gpu-only", "lmcache-disk,lmcache-cpu",
+                                "--workdir", str(tmp_path), "--gpu-shm", shm,
+                                "--json", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env={**os.environ, "KVSTREAM_GPU_DRY": "1", "PYTHONUNBUFFERED": "1"},
+                         start_new_session=True)
+    printed = b""
+    try:
+        while b"lmcache-cpu" not in printed:  # (a phase's line is printed as it starts)
+            got = os.read(p.stdout.fileno(), 4096)
+            assert got, f"the run ended before LMCache's CPU phase: {printed.decode()[-3000:]}"
+            printed += got
+        os.killpg(p.pid, signal.SIGKILL)  # the command limit: no cleanup, no last report
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.stdout.close()
+        subprocess.run(["rm", "-rf", shm], check=False)
+    assert out.exists(), "nothing was written before the kill"
+    rows = {c["name"]: c for c in json.loads(out.read_text())["configs"]}
+    assert set(rows) == {"lmcache-disk"}, printed.decode()[-3000:]
+    assert rows["lmcache-disk"]["step_s"] and rows["lmcache-disk"]["identical"] == [True]

@@ -219,17 +219,16 @@ class GpuBench:
                 self._checkpoint()
             if "limits" in self.only:
                 self._limits()
+                self._checkpoint()
             # LMCache 0.5.6's disk and CPU backends do not find a previous process's chunks:
             # each stores, then retrieves in one process (LocalDisk reads with O_DIRECT)
             shutil.rmtree(self.lmc, ignore_errors=True)
             os.makedirs(self.lmc)
-            if "lmcache-disk" in self.only:
-                self._record("lmcache-disk", self._phase("same", "lmcache-disk",
-                                                         self._localdisk(), self.iters))
-            if "lmcache-cpu" in self.only:
-                self._record("lmcache-cpu", self._phase("same", "lmcache-cpu",
-                                                        self._base(local_cpu=True), self.iters))
-            self._checkpoint()
+            for name, cfg in (("lmcache-disk", self._localdisk()),
+                              ("lmcache-cpu", self._base(local_cpu=True))):
+                if name in self.only:
+                    self._record(name, self._phase("same", name, cfg, self.iters))
+                    self._checkpoint()
         return self._report()
 
     def _limits(self) -> None:
