@@ -176,6 +176,36 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     assert r.returncode == 2 and "torn.json" in r.stdout and "not a replay report" in r.stdout
 
 
+def test_gpu_only_replays_the_named_configurations_and_refuses_unknown_ones(tmp_path):
+    """A replay too long for one device call is measured in two: ``--gpu-only`` runs the named
+    configurations after the same fill; a name it does not know is refused before anything
+    runs, GPU or not."""
+    bad = subprocess.run(CLI + ["--trace", "conversation", "--gpu-only", "kvstream,lmcache-ssd",
+                                "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "KVSTREAM_GPU_DRY"})
+    text = " ".join(bad.stdout.split())  # rich wraps long lines
+    assert bad.returncode == 2 and "--gpu-only" in text and "lmcache-ssd" in text, text
+    out = tmp_path / "replay.json"
+    shm = f"/dev/shm/kvs-replay-only-{os.getpid()}"
+    os.makedirs(shm)
+    try:
+        r = subprocess.run(CLI + ["--trace", "conversation", "--trace-requests", "3",
+                                  "--gpu-only", "kvstream,lmcache-cpu", "--workdir",
+                                  str(tmp_path), "--gpu-shm", shm, "--json", str(out)],
+                           capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
+    finally:
+        subprocess.run(["rm", "-rf", shm], check=False)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    assert [c["name"] for c in rep["configs"]] == ["kvstream", "lmcache-cpu"]
+    assert all(c["ok"] for c in rep["configs"]), rep["configs"]
+    assert any(n.startswith("--gpu-only: kvstream, lmcache-cpu") for n in rep["notes"])
+    # lmcache-cpu gives kvsim its host->GPU rate: kvstream is predicted as in a whole run
+    assert rep["h2d_gbps"] > 0 and rep["configs"][0]["predicted_p50_s"] is not None
+
+
 def test_stand_in_attention_matches_transformers_over_a_cached_prefix(monkeypatch):
     """The stand-in's lower-right causal attention gives what transformers' own SDPA path (with
     its explicit mask) gives for new tokens over a cached prefix, and what one uncached forward

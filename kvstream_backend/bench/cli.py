@@ -86,7 +86,9 @@ def add_bench_parser(sub: Any) -> None:
     g.add_argument("--gpu-only", metavar="A,B,...",
                    help="run only these configurations (kvstream-disk, kvstream-shm, kvstream, "
                    "kvstream-rev, static-0.5, static-0.7, kvstream-emu, limits, lmcache-disk, "
-                   "lmcache-cpu; default: all)")
+                   "lmcache-cpu; default: all); with --trace, the replay's: kvstream, "
+                   "kvstream-disk, kvstream-shm, static-best, lmcache-disk, lmcache-cpu, "
+                   "nocache, kvstream-last")
     g.add_argument("--gpu-torch-threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads in each phase (default 1, as vLLM's GPU "
                    "worker serves; 0: torch's default, one per core)")

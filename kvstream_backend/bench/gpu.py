@@ -372,15 +372,15 @@ def _tier_reads(steps: list[list[dict]]) -> str:
         f"{1e3 * statistics.median(x[2] for x in xs):.0f} ms" for name, xs in per.items())
 
 
-def only_configs(spec: str | None) -> list[str]:
-    """The configurations ``--gpu-only`` names (all of :data:`CONFIGS` when None)."""
+def only_configs(spec: str | None, choices: tuple[str, ...] = CONFIGS) -> list[str]:
+    """The configurations ``--gpu-only`` names, of ``choices`` (all of them when None)."""
     if spec is None:
-        return list(CONFIGS)
+        return list(choices)
     names = [n.strip() for n in spec.split(",") if n.strip()]
-    bad = [n for n in names if n not in CONFIGS]
+    bad = [n for n in names if n not in choices]
     if bad or not names:
         raise ValueError(f"--gpu-only: unknown configuration {', '.join(bad) or '(none)'}; "
-                         f"choose from {', '.join(CONFIGS)}")
+                         f"choose from {', '.join(choices)}")
     return names
 
 

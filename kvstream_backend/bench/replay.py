@@ -7,8 +7,10 @@ each), ``static-best`` (a fixed split at the ratio of the two tiers' measured li
 ``lmcache-disk`` (LocalDiskBackend, O_DIRECT), ``lmcache-cpu`` (LocalCPUBackend, stored in the
 same process: the ceiling) and ``nocache`` (every prompt prefilled). The page cache is dropped
 before each phase; ``kvstream-last`` measures kvstream again after every other configuration
-(does its place in the order matter?). kvsim (:func:`~kvstream_backend.sim.plan.predict`) gets
-the same plan and what this run measured apart from the configurations:
+(does its place in the order matter?). ``--gpu-only`` runs some of them (after the same fill
+and limits), so that a replay too long for one device call can be measured in two. kvsim
+(:func:`~kvstream_backend.sim.plan.predict`) gets the same plan and what this run measured apart
+from the configurations:
 
 * each tier's plain read limit (:func:`.plain.best_read`, O_DIRECT, the best thread count),
   with the host->GPU copy after it, as LMCache copies each request after reading it. (Run 5,
@@ -44,12 +46,15 @@ from ..sim.plan import PrefillModel, Serving, TracePlan, plan, predict
 from ..sim.replay import load_trace
 from ..tables import table
 from . import plain
+from .gpu import only_configs
 from .gpu_worker import DRY, device
 from .replay_worker import ModelShape, ReplaySpec
 from .report import save
 from .settings import settings_notes
 
 GB = 1e9
+PHASES = ("kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk",
+          "lmcache-cpu", "nocache", "kvstream-last")  # in the order they run
 STORAGE_CONFIGS = ("kvstream", "kvstream-disk", "kvstream-shm", "static-best", "lmcache-disk",
                    "kvstream-last")
 TWO_TIERS = ("disk", "shm")
@@ -130,6 +135,7 @@ class ReplayBench:
         self.shm = os.path.join(args.gpu_shm, "kvstream-replay")
         self.lmc = os.path.join(self.work, "lmcache-disk")
         self.notes: list[str] = settings_notes(args.settings)
+        self.only = set(only_configs(args.gpu_only, PHASES))
         self.limit_samples: dict[str, list[float]] = {}
         self.to_gpu_samples: dict[str, list[float]] = {}
         self.prefill_samples: list[tuple[int, int, float]] = []
@@ -303,6 +309,11 @@ class ReplayBench:
                   ("lmcache-cpu", self._base(local_cpu=True), True, False),
                   ("nocache", {}, False, True),
                   ("kvstream-last", self._kvstream(["disk", "shm"]), False, False)]
+        phases = [ph for ph in phases if ph[0] in self.only]
+        if len(phases) < len(PHASES):
+            self.notes.append("--gpu-only: " + ", ".join(ph[0] for ph in phases) + (
+                "" if "lmcache-cpu" in self.only else
+                " (no lmcache-cpu: kvsim has no host->GPU rate, so nothing is predicted)"))
         for name, cfg, store, recompute in phases:
             results.append(self._phase(name, cfg, store, recompute))
             self._checkpoint(results, g)
@@ -475,6 +486,11 @@ def plot(rep: ReplayReport, path: str) -> None:
 
 
 def run_replay(args: Any, console: Any) -> int:
+    try:
+        only_configs(args.gpu_only, PHASES)
+    except ValueError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
     if args.rescore:
         try:
             with open(args.rescore, "rb") as f:
