@@ -13,9 +13,10 @@ for _k, _v in {
     os.environ.setdefault(_k, _v)
 
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import uuid  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -32,6 +33,26 @@ URING_OK, URING_WHY = binding_usable()
 # The liburing wheel is built with AVX-512 and dies with SIGILL on CPUs without it (the probe
 # tries it in a child process); tests that insist on io_uring are then skipped, visibly.
 requires_uring = pytest.mark.skipif(not URING_OK, reason=f"io_uring unusable here: {URING_WHY}")
+
+BENCH_GPU = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main; "
+             "sys.exit(main(sys.argv[1:]))", "bench", "--gpu"]
+
+
+@pytest.fixture
+def dry_bench(tmp_path) -> Iterator[Callable[..., subprocess.CompletedProcess]]:
+    """``run(args, timeout)``: ``kvstream bench --gpu ARGS`` with ``KVSTREAM_GPU_DRY=1`` (a torch
+    copy stands in for LMCache's CUDA connector, the one part that needs a GPU), working under
+    ``tmp_path``, its memory tier in a /dev/shm folder of its own, removed afterwards."""
+    shm = f"/dev/shm/kvs-dry-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.makedirs(shm)
+
+    def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(BENCH_GPU + args + ["--workdir", str(tmp_path), "--gpu-shm", shm],
+                              capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
+
+    yield run
+    shutil.rmtree(shm, ignore_errors=True)
 
 
 @pytest.fixture

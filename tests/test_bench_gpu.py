@@ -29,19 +29,10 @@ def test_refuses_clearly_without_cuda(tmp_path):
     assert "needs a CUDA GPU" in text and "torch.cuda.is_available() is False" in text
 
 
-def test_dry_run_measures_and_verifies_every_configuration(tmp_path):
+def test_dry_run_measures_and_verifies_every_configuration(tmp_path, dry_bench):
     out = tmp_path / "gpu.json"
-    shm = f"/dev/shm/kvs-gpu-test-{os.getpid()}"
-    os.makedirs(shm)
-    try:
-        r = subprocess.run(CLI + ["--gpu-shape", "2,2,64,16", "--requests", "3",
-                                  "--gpu-tokens", "512", "--gpu-rounds", "1", "--gpu-iters", "1",
-                                  "--workdir", str(tmp_path), "--gpu-shm", shm,
-                                  "--json", str(out)],
-                           capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
-    finally:
-        subprocess.run(["rm", "-rf", shm], check=False)
+    r = dry_bench(["--gpu-shape", "2,2,64,16", "--requests", "3", "--gpu-tokens", "512",
+                   "--gpu-rounds", "1", "--gpu-iters", "1", "--json", str(out)])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     rep = json.loads(out.read_text())
     assert rep["dry_run"] is True

@@ -97,18 +97,10 @@ CLI = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main;
        "sys.exit(main(sys.argv[1:]))", "bench", "--gpu"]
 
 
-def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
+def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path, dry_bench):
     out = tmp_path / "replay.json"
-    shm = f"/dev/shm/kvs-replay-test-{os.getpid()}"
-    os.makedirs(shm)
-    try:
-        r = subprocess.run(CLI + ["--trace", "conversation", "--trace-requests", "3",
-                                  "--workdir", str(tmp_path), "--gpu-shm", shm,
-                                  "--json", str(out), "--plot", str(tmp_path / "r.png")],
-                           capture_output=True, text=True, timeout=900,
-                           env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
-    finally:
-        subprocess.run(["rm", "-rf", shm], check=False)
+    r = dry_bench(["--trace", "conversation", "--trace-requests", "3", "--json", str(out),
+                   "--plot", str(tmp_path / "r.png")], timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "DRY RUN" in r.stdout
     rep = json.loads(out.read_text())
@@ -176,7 +168,8 @@ def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path):
     assert r.returncode == 2 and "torn.json" in r.stdout and "not a replay report" in r.stdout
 
 
-def test_gpu_only_replays_the_named_configurations_and_refuses_unknown_ones(tmp_path):
+def test_gpu_only_replays_the_named_configurations_and_refuses_unknown_ones(tmp_path,
+                                                                           dry_bench):
     """A replay too long for one device call is measured in two: ``--gpu-only`` runs the named
     configurations after the same fill; a name it does not know is refused before anything
     runs, GPU or not."""
@@ -187,16 +180,8 @@ def test_gpu_only_replays_the_named_configurations_and_refuses_unknown_ones(tmp_
     text = " ".join(bad.stdout.split())  # rich wraps long lines
     assert bad.returncode == 2 and "--gpu-only" in text and "lmcache-ssd" in text, text
     out = tmp_path / "replay.json"
-    shm = f"/dev/shm/kvs-replay-only-{os.getpid()}"
-    os.makedirs(shm)
-    try:
-        r = subprocess.run(CLI + ["--trace", "conversation", "--trace-requests", "3",
-                                  "--gpu-only", "kvstream,lmcache-cpu", "--workdir",
-                                  str(tmp_path), "--gpu-shm", shm, "--json", str(out)],
-                           capture_output=True, text=True, timeout=600,
-                           env={**os.environ, "KVSTREAM_GPU_DRY": "1"})
-    finally:
-        subprocess.run(["rm", "-rf", shm], check=False)
+    r = dry_bench(["--trace", "conversation", "--trace-requests", "3",
+                   "--gpu-only", "kvstream,lmcache-cpu", "--json", str(out)])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     rep = json.loads(out.read_text())
     assert [c["name"] for c in rep["configs"]] == ["kvstream", "lmcache-cpu"]
