@@ -10,13 +10,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
 
-CLI = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main; "
-       "sys.exit(main(sys.argv[1:]))", "bench", "--gpu"]
+from .conftest import BENCH_GPU as CLI
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

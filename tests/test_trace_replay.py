@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import msgspec
 import pytest
@@ -27,6 +26,8 @@ from kvstream_backend.sim.plan import (
     predict,
 )
 from kvstream_backend.sim.replay import Request
+
+from .conftest import BENCH_GPU as CLI
 
 
 def test_burstiest_window_and_leading_hits():
@@ -91,10 +92,6 @@ def test_prefill_model_fit_recovers_its_terms_and_keeps_them_non_negative():
     masked = PrefillModel(per_prefixed_pair_s=1e-9)
     assert masked.seconds(1000, 0) == 0
     assert masked.seconds(1000, 1) == pytest.approx(1000 * 1000 / 2 * 1e-9)
-
-
-CLI = [sys.executable, "-c", "import sys; from kvstream_backend.cli import main; "
-       "sys.exit(main(sys.argv[1:]))", "bench", "--gpu"]
 
 
 def test_dry_run_replays_every_configuration_and_verifies_the_kv(tmp_path, dry_bench):
