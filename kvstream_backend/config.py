@@ -77,6 +77,7 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     write_queue_depth: PositiveInt = 8
     io_threads: PositiveInt = 4
     verify_threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per core, at most 8
+    copy_threads: Literal["auto"] | PositiveInt = "auto"
     staging_budget_mb: PositiveInt = 2048
     verify_checksums: bool = True
     warm_headers: bool = True
@@ -101,9 +102,24 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
         return self.staging_budget_mb << 20
 
     @property
+    def memory_readers(self) -> int:
+        """Readers of a tier on tmpfs or ramfs, where a read is a copy by its thread (which also
+        hashes it): ``copy_threads``, or with ``auto`` one per core the process may run on (at
+        least ``io_threads``)."""
+        if self.copy_threads != "auto":
+            return self.copy_threads
+        return max(self.io_threads, cores())
+
+    @property
     def verify_workers(self) -> int:
         """Threads that verify checksums (shared by every tier; xxhash releases the GIL)."""
-        return self.verify_threads or min(8, os.cpu_count() or 1)
+        return self.verify_threads or min(8, cores())
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container pinned to a cpuset
+    sees the host's count in ``os.cpu_count()``)."""
+    return len(os.sched_getaffinity(0)) or 1
 
 
 _PATH_RE = re.compile(r"at `\$(?P<path>[^`]*)`")

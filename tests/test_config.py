@@ -24,6 +24,8 @@ BAD = [
     ({"kvstream.claim_batch": "many"}, "kvstream.claim_batch"),
     ({"kvstream.read_window": 99, "kvstream.read_queue_depth": 8}, "kvstream.read_window"),
     ({"kvstream.read_window": "deep"}, "kvstream.read_window"),
+    ({"kvstream.copy_threads": 0}, "kvstream.copy_threads"),
+    ({"kvstream.copy_threads": "all"}, "kvstream.copy_threads"),
     ({"kvstream.read_target_ms": 0}, "kvstream.read_target_ms"),
     ({"kvstream.claim_depth": 2}, "kvstream.claim_depth"),  # replaced by read_window in 0.2
     ({"kvstream.hedge": "perhaps"}, "kvstream.hedge"),

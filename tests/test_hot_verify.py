@@ -10,6 +10,7 @@ import os
 import pytest
 import xxhash
 
+from kvstream_backend import config
 from kvstream_backend import format as fmt
 from kvstream_backend.engine import Engine, ReadRequest
 from kvstream_backend.handles import Regions
@@ -173,26 +174,30 @@ def test_only_reads_from_memory_are_hashed_piece_by_piece(tier_dirs):
     assert set(RecordingQueue.hashed["t1-r"]) == {True}
 
 
-def test_a_memory_tier_on_the_thread_path_reads_with_a_reader_per_core(tier_dirs, monkeypatch):
-    """A read from tmpfs is a CPU copy: its tier gets max(io_threads, cores) readers; a tier on a
-    device keeps io_threads (its reads wait on the device), and writes keep io_threads."""
+@pytest.mark.parametrize("copy_threads,cores,want", [("auto", 7, 7), ("auto", 2, 4),
+                                                     (5, 16, 5)])
+def test_a_memory_tier_on_the_thread_path_reads_with_a_reader_per_core(
+        tier_dirs, monkeypatch, copy_threads, cores, want):
+    """A read from tmpfs is a CPU copy: its tier gets ``copy_threads`` readers, by default
+    max(io_threads, the cores this process may run on); a tier on a device keeps io_threads
+    (its reads wait on the device), and writes keep io_threads."""
     if files.memory_backed(tier_dirs[0]) or not files.memory_backed(tier_dirs[1]):
         pytest.skip("needs the temporary directory on a device and /dev/shm on tmpfs")
-    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    monkeypatch.setattr(config, "cores", lambda: cores)
     queues: dict[str, ThreadQueue] = {}
 
     def factory(kind: str, depth: int, threads: int, waker: Waker, name: str) -> ThreadQueue:
         queues[name] = ThreadQueue(depth, threads, waker, name)
         return queues[name]
 
-    e = Engine(engine_config(tier_dirs), queue_factory=factory)
+    e = Engine(engine_config(tier_dirs, copy_threads=copy_threads), queue_factory=factory)
     try:
         write_all(e, ["k"], SIZE)
         check_all(e, ["k"], SIZE)
     finally:
         e.close()
     readers = {n: len(q._pool._threads) for n, q in queues.items()}
-    assert readers == {"t0-r": 4, "t0-w": 4, "t1-r": 7, "t1-w": 4}
+    assert readers == {"t0-r": 4, "t0-w": 4, "t1-r": want, "t1-w": 4}
 
 
 def test_a_memory_tier_takes_the_native_loop_first_where_it_is_built(tier_dirs):

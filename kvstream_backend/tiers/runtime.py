@@ -77,9 +77,11 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
         readers = cfg.io_threads
         if path.kind == "threads" and files.memory_backed(tier.root):
             # a read from memory is a copy by its reader thread (which also hashes it): one
-            # reader per core (on a 16-core host, tmpfs with 4 readers: 0.30x the plain limit;
-            # with 8: 0.53x; with 16: 0.54-0.71x; docs/benchmarks.md)
-            readers = max(readers, os.cpu_count() or 1)
+            # reader per core by default (on a 16-core host, tmpfs with 4 readers: 0.30x the
+            # plain limit; with 8: 0.53x; with 16: 0.54-0.71x; docs/benchmarks.md). Sixteen
+            # copying on 16 cores also slow LMCache's host->GPU scatters; twelve did not make
+            # the step faster on every host (stop 39), so ``copy_threads`` is left to the user
+            readers = cfg.memory_readers
 
         def make(waker: Waker) -> tuple[IoQueue, IoQueue]:
             rq = queues(path.kind, cfg.read_queue_depth, readers, waker, f"{tc.name}-r")
