@@ -12,7 +12,8 @@ candidates, separated here:
   with ``--gap-us`` between them, the shape of a completion loop's turns);
 
 each under the default switch interval (5 ms) and optionally a short one (``--switch-ms``), and
-with the readers at the default priority and a lower one (``--nice``).
+with the readers at the default priority and a lower one (``--nice``), or pinned away from the
+scatter's thread (``--loads 15p``: is it a core of its own that the scatter's thread lacks?).
 
 The step is LMCache's LocalCPUBackend step of ``kvstream bench --gpu``'s shape (every chunk hot
 in pinned memory: the scatter and nothing else), timed per ``batched_to_gpu`` as the bench does,
@@ -46,18 +47,22 @@ class Load:
     """Background threads started before a step and stopped after it; ``moved`` bytes read."""
 
     def __init__(self, readers: int, gil: bool, files: list[str], burst_s: float,
-                 gap_s: float, nice: int) -> None:
+                 gap_s: float, nice: int, pin: bool = False) -> None:
         self.nice = nice
+        self.pin = pin  # readers on CPUs 1.., this (the scatter's) thread on CPU 0
         self.stop = threading.Event()
         self.moved = 0
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._read, args=(files[i::readers],),
+        self.threads = [threading.Thread(target=self._read, args=(files[i::readers], i),
                                          daemon=True) for i in range(readers)]
         if gil:
             self.threads.append(threading.Thread(target=self._hold, args=(burst_s, gap_s),
                                                  daemon=True))
 
-    def _read(self, mine: list[str]) -> None:
+    def _read(self, mine: list[str], i: int) -> None:
+        if self.pin:  # threads start with their creator's affinity: CPU 0 alone, here
+            cpus = sorted(self.cpus)[1:]
+            os.sched_setaffinity(threading.get_native_id(), {cpus[i % len(cpus)]})
         if self.nice:  # this thread only (Linux: a thread's own nice value)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         buf = torch.empty(CHUNK, dtype=torch.uint8, pin_memory=not gw.DRY)
@@ -76,6 +81,7 @@ class Load:
                 os.close(fd)
 
     def _hold(self, burst_s: float, gap_s: float) -> None:
+        os.sched_setaffinity(threading.get_native_id(), self.cpus)  # anywhere, as before
         while not self.stop.is_set():
             end = time.perf_counter() + burst_s
             while time.perf_counter() < end:  # pure Python: holds the GIL
@@ -83,6 +89,9 @@ class Load:
             time.sleep(gap_s)
 
     def __enter__(self) -> Load:
+        self.cpus = os.sched_getaffinity(0)
+        if self.pin:
+            os.sched_setaffinity(threading.get_native_id(), {min(self.cpus)})
         self.t0 = time.perf_counter()
         for t in self.threads:
             t.start()
@@ -93,6 +102,7 @@ class Load:
         self.stop.set()
         for t in self.threads:
             t.join()
+        os.sched_setaffinity(threading.get_native_id(), self.cpus)
         self.gbps = self.moved / (time.perf_counter() - self.t0) / 1e9
 
 
@@ -105,6 +115,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3, help="steps per load")
     ap.add_argument("--burst-us", type=float, default=300.0)
     ap.add_argument("--gap-us", type=float, default=700.0)
+    ap.add_argument("--loads", default="",
+                    help="instead of the readers x nice grid: loads such as 16,15p,15pg (a reader "
+                         "count; p: readers pinned to CPUs 1.., the scatter's thread to CPU 0; g: "
+                         "with the GIL holder)")
     ap.add_argument("--switch-ms", type=float, default=0.0,
                     help="also run every load under this switch interval (0: the default only)")
     a = ap.parse_args()
@@ -140,18 +154,21 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     default_switch = sys.getswitchinterval()
     most = max(int(n) for n in a.readers.split(","))
-    loads = [(0, False, 0), (0, True, 0)]
-    for nice in (int(x) for x in a.nice.split(",")):
-        loads += [(int(n), False, nice) for n in a.readers.split(",") if int(n)]
-        loads.append((most, True, nice))
+    loads = [(0, False, 0, False), (0, True, 0, False)]
+    if a.loads:
+        loads += [(int(x.rstrip("pg")), "g" in x, 0, "p" in x) for x in a.loads.split(",")]
+    else:
+        for nice in (int(x) for x in a.nice.split(",")):
+            loads += [(int(n), False, nice, False) for n in a.readers.split(",") if int(n)]
+            loads.append((most, True, nice, False))
     switches = [default_switch] + ([a.switch_ms / 1e3] if a.switch_ms else [])
     try:
         for switch in switches:
             sys.setswitchinterval(switch)
-            for readers, gil, nice in loads:
+            for readers, gil, nice, pin in loads:
                 steps = []
                 with Load(readers, gil, files, a.burst_us / 1e6, a.gap_us / 1e6,
-                          nice) as load:
+                          nice, pin) as load:
                     for it in range(a.iters):
                         st = gw._step(eng, kv, tokens, slots, it, tl)
                         st["identical"] = gw._verify(kv, orig, s, blocks_s, blocks_r,
@@ -159,7 +176,7 @@ def main() -> int:
                         steps.append(st)
                 scat = [x for st in steps for x in st["timeline"]["scatter_s"]]
                 row = {"switch_ms": round(switch * 1e3, 2), "readers": readers, "gil": gil,
-                       "nice": nice,
+                       "nice": nice, "pinned": pin,
                        "step_s": [st["step_s"] for st in steps],
                        "h2d_s": [st["h2d_s"] for st in steps],
                        "scatter_median_s": round(statistics.median(scat), 4),
