@@ -309,6 +309,9 @@ class ReplayBench:
                   ("lmcache-cpu", self._base(local_cpu=True), True, False),
                   ("nocache", {}, False, True),
                   ("kvstream-last", self._kvstream(["disk", "shm"]), False, False)]
+        # --gpu-only is checked against PHASES before the fill: a phase missing there would
+        # be dropped here without a word
+        assert tuple(ph[0] for ph in phases) == PHASES, "PHASES must name every phase, in order"
         phases = [ph for ph in phases if ph[0] in self.only]
         if len(phases) < len(PHASES):
             self.notes.append("--gpu-only: " + ", ".join(ph[0] for ph in phases) + (
