@@ -81,6 +81,7 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     staging_budget_mb: PositiveInt = 2048
     verify_checksums: bool = True
     warm_headers: bool = True
+    remember_rates: bool = True
     max_chunk_mb: PositiveInt = 512
     file_mode: Annotated[int, Meta(ge=0, le=0o777)] = 0o600
     dir_mode: Annotated[int, Meta(ge=0, le=0o777)] = 0o700

@@ -15,6 +15,7 @@ from kvstream_backend import format as fmt
 from kvstream_backend.config import EmulateConfig
 from kvstream_backend.engine import ReadRequest
 from kvstream_backend.io.memory import AlignedBuffer
+from kvstream_backend.tiers import rates
 from kvstream_backend.tiers.emulate import serial_seconds, tier_throttle
 
 from .conftest import engine_config, requires_uring
@@ -526,3 +527,58 @@ def test_clear_removes_every_copy_on_every_tier(tier_dirs, make_engine):
     assert e.clear() == len(paths)
     assert not any(os.path.exists(p) for p in paths)
     assert all(e.lookup(k) is None for k in keys) and e.usage() == 0
+
+
+def test_a_restarted_engine_starts_from_the_rates_its_predecessor_measured(tier_dirs,
+                                                                          make_engine):
+    """The slow tier listed first: a fresh engine lets it claim the front of its first pool
+    (it knows no rates yet), so it starts reads that the fast tier then hedges. The router's
+    estimates are kept per tier and host at close (``kvs1/rates/<host>.json``); the next engine
+    starts from them and gives the slow tier no read the fast one delivers sooner."""
+    size = 64 * KB
+    keys = [f"r{i}" for i in range(32)]
+    slow = {"emulate": {"read_mbps": 1}}  # 64 ms a chunk, against well under 1 ms
+    first = make_engine(tier_dirs, tier_opts=[slow, {}])
+    write_all(first, keys, size)
+    check_all(first, keys, size)
+    assert first.wait_idle(10)
+    assert first.stats().tiers[0].reads >= 2, "a fresh engine lets the first tier claim"
+    first.close()
+    memos = [rates.load(t.base, rt.setup) for t, rt in zip(first.tiers, first._tiers,
+                                                          strict=True)]
+    assert all(m is not None for m in memos), memos
+    assert memos[0].read_bps * 10 < memos[1].read_bps  # type: ignore[union-attr]
+    again = make_engine(tier_dirs, tier_opts=[slow, {}])
+    check_all(again, keys, size)
+    assert again.wait_idle(10)
+    assert [t.reads for t in again.stats().tiers] == [0, len(keys)]
+
+
+def test_a_rate_memo_is_only_a_hint(tier_dirs, make_engine, caplog):
+    """A torn memo is ignored (and named in the log), one made under another set-up (here an
+    emulated rate) is not used, and ``remember_rates: false`` neither reads nor writes one."""
+    size = 16 * KB
+    keys = [f"k{i}" for i in range(16)]
+    e = make_engine(tier_dirs, hedge=False)
+    write_all(e, keys, size)
+    check_all(e, keys, size)  # both tiers read (from opposite ends): both measured
+    e.close()
+    (t0, t1), (rt0, rt1) = e.tiers, e._tiers
+    path = rates.memo_path(t0.base, rt0.setup)
+    with open(path, "r+b") as f:
+        f.truncate(5)
+    assert rates.load(t1.base, rt1.setup) is not None
+    again = make_engine(tier_dirs, tier_opts=[{}, {"emulate": {"read_mbps": 100}}])
+    assert path in caplog.text and "ignoring the read-rate memo" in caplog.text
+    assert again._reads.router.estimate(0) is None and again._reads.router.estimate(1) is None
+    assert again._tiers[1].setup != rt1.setup
+    check_all(again, keys, size)
+    again.close()
+    os.unlink(path)
+    off = make_engine(tier_dirs, remember_rates=False)
+    assert off._reads.router.estimate(1) is None
+    check_all(off, keys, size)
+    off.close()
+    assert not os.path.exists(path)
+    # the emulated engine kept its own memo beside the real one's
+    assert len(os.listdir(os.path.dirname(rates.memo_path(t1.base, rt1.setup)))) == 2

@@ -534,6 +534,46 @@ def test_two_tiers_beat_the_faster_alone_in_either_order(order: str, fast_total:
     assert pair.claim(f)[0] == first, "the faster tier takes the front of the next pool"
 
 
+@pytest.mark.parametrize("fast_total", [20e9, 5e9])
+def test_a_router_seeded_with_an_earlier_process_s_rates_serves_its_first_step_warm(
+        fast_total: float) -> None:
+    """The slow tier listed first: a fresh router gives it the front until its reads complete,
+    so its first step is late; one seeded with what an earlier router measured (the engine's
+    rate memo) serves that step as a measured one does, the fast tier at the front."""
+    mib32 = 32 << 20
+    speed = [(1.2e9, 1.2e9), (4.5e9, fast_total)]  # the disk first
+    before = ClaimRouter(2, 4)
+    t_cold, _ = _run_step(before, 128, mib32, speed)
+    t_warm, _ = _run_step(before, 128, mib32, speed)
+    memo = [before.estimate(t) for t in range(2)]
+    assert all(est is not None and est[1] == mib32 for est in memo), memo
+
+    def fresh() -> ClaimRouter:
+        r = ClaimRouter(2, 4)
+        for t, est in enumerate(memo):
+            assert est is not None
+            r.seed(t, *est)
+        return r
+
+    probe = fresh()
+    ids = [probe.add({0, 1}, mib32, lookup=True) for _ in range(8)]
+    assert probe.claim(1)[0] == ids[0], "the fast tier takes the front from the first claim"
+    t_seeded, won = _run_step(fresh(), 128, mib32, speed)
+    assert t_seeded <= 1.01 * t_warm, (t_seeded, t_warm, won)
+    assert t_seeded < 0.98 * t_cold, (t_seeded, t_cold)
+
+
+def test_a_seed_never_overrides_a_measurement() -> None:
+    r = ClaimRouter(2, 4)
+    i = r.add({0}, 100)
+    r.claim(0, 0.0)
+    r.complete(0, i, 1.0)
+    measured = r.estimate(0)
+    r.seed(0, 1e12, 7.0)
+    r.seed(1, -1.0, 100.0)  # nonsense is ignored
+    assert r.estimate(0) == measured and r.estimate(1) is None
+
+
 def test_router_state_stays_bounded_under_endless_lookups_and_steps() -> None:
     rng = random.Random(3)
     r = ClaimRouter(2, 4)

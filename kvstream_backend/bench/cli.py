@@ -4,7 +4,8 @@ Configurations (see README and docs/benchmarks.md): (a) ``kvstream`` all tiers, 
 routing, and ``kvstream-rev`` the same tiers listed in the reverse order; with an emulated
 second tier also ``fast``/``fast-rev`` (that tier unthrottled, in both orders),
 ``fast-alone`` and ``fast-warm``, else ``kvstream-warm`` (the ``-warm`` row keeps its engine
-across rounds, as a server does; every other kvstream row opens a new one per step); (b)
+across rounds, as a server does; every other kvstream row opens a new one per step, which
+starts from the rates the one before saved: ``remember_rates``); (b)
 ``kvstream-first`` and ``kvstream-second``, one tier each; (c) ``static-g`` fixed splits;
 (d) ``lmcache-disk``, LMCache's own LocalDiskBackend on the first tier with O_DIRECT; (a)/(d)
 again with a write backlog as large as a step's reads (``+backlog``) and with the next
@@ -254,8 +255,9 @@ class Bench:
         rev = t[1::-1]  # a user lists tiers in any order: the speed must not depend on it
         base.insert(1, Config("kvstream-rev", "all tiers, listed in the reverse order",
                               kv(rev, claim_batch=m)))
-        # Every other kvstream row opens a new engine per step (a process's first step: its
-        # router measures nothing yet); one row keeps its engine across rounds, as a server does.
+        # Every other kvstream row opens a new engine per step (a restarted process: its router
+        # starts from the rates the engine before saved, unless --set remember_rates=false); one
+        # row keeps its engine across rounds, as a server does.
         warm = "its engine kept across rounds (a serving process: the tiers' rates measured)"
         if t[1].get("emulate"):  # the second tier unthrottled: a fast second tier (tmpfs)
             fast = [t[0], {k: v for k, v in t[1].items() if k != "emulate"}]

@@ -54,6 +54,7 @@ from ..io.memory import SlabPool
 from ..io.probe import QueueFactory, make_queue
 from ..io.threads import Workers
 from ..stats import EngineStats, StepReport
+from ..tiers import rates
 from ..tiers.accounting import StepMeter
 from ..tiers.jobs import Job, ReadJob, WriteJob
 from ..tiers.runtime import Health, TierRuntime, open_tier, tier_infos
@@ -68,6 +69,7 @@ __all__ = ["Alloc", "Buffer", "ChunkInfo", "Engine", "ReadHandle", "ReadRequest"
 log = logging.getLogger("kvstream")
 
 IO_DRAIN_S = 120.0  # how long close waits for reads and writes already issued
+MEMO_SAVE_S = 5.0  # how long close waits for the read-rate memos to be written
 
 
 class Engine:
@@ -98,6 +100,8 @@ class Engine:
         self._writer = Writer(cfg, self._tiers, self._slab, self._steps, self._health.down)
         self._reads = ReadPool(cfg, self._tiers, self._slab, self._steps, self._health.down,
                                self._writer.served)
+        if cfg.remember_rates:
+            self._recall_rates()
         self._stopping = False
         self._loop: CompletionLoop[Job] = CompletionLoop(self._turn, clock, self._next_wake_ms,
                                                          self._busy)
@@ -308,8 +312,35 @@ class Engine:
             if rt.worker is not None:
                 rt.worker.close(IO_DRAIN_S)
         self._verify.shutdown()
+        if self.cfg.remember_rates:
+            self._remember_rates()
         if self.cfg.stats_file:
             self._write_stats(self.cfg.stats_file)
+
+    def _recall_rates(self) -> None:
+        """Seed the router with each tier's rate as this host's last engine measured it (before
+        the loop starts: the router is the loop's once it runs)."""
+        for ti, rt in enumerate(self._tiers):
+            if rt.tier.up and (memo := rates.load(rt.tier.base, rt.setup)) is not None:
+                self._reads.router.seed(ti, memo.read_bps, memo.chunk_bytes)
+
+    def _remember_rates(self) -> None:
+        """Save the router's estimates for the next engine (the loop has stopped). On a thread
+        of its own, waited for at most ``MEMO_SAVE_S``: a mount that died since its last read
+        must not hold the close."""
+        memos = [(rt.tier.base, rates.RateMemo(est[0], est[1], rt.setup, time.time()))
+                 for ti, rt in enumerate(self._tiers)
+                 if rt.tier.up and (est := self._reads.router.estimate(ti)) is not None]
+        if not memos:
+            return
+
+        def run() -> None:
+            for base, memo in memos:
+                rates.save(base, memo, self.cfg.dir_mode, self.cfg.file_mode)
+
+        t = threading.Thread(target=run, name="kvstream-rates", daemon=True)
+        t.start()
+        t.join(MEMO_SAVE_S)
 
     def _write_stats(self, path: str) -> None:
         """The final counters as JSON (written to a temp name, then renamed into place), for

@@ -11,8 +11,9 @@ never pull a tier away from the step being served, while reads still start at lo
 
 **Ends.** Within a pool, tiers claim from opposite ends: the tier measured fastest so far takes
 the front (the first requests, whose gets come first), the next the back, and so on alternately;
-before any measurement the configuration order decides, and the ends swap as soon as the
-measurements disagree with it (so the order tiers are listed in does not matter). A tier that
+before any measurement (or a seed, :meth:`ClaimRouter.seed`: an earlier process's) the
+configuration order decides, and the ends swap as soon as the measurements disagree with it (so
+the order tiers are listed in does not matter). A tier that
 finishes a read claims again, up to ``m`` chunks at a time, so tiers meet wherever their
 bandwidths put the meeting point, with no split computed in advance. A tier only claims chunks
 it holds.
@@ -170,6 +171,19 @@ class ClaimRouter:
             return min(max(self.m, self.min_window), self.max_window) if self._front[tier] else 1
         want = math.ceil(rate * self.target_s / size) + 1
         return min(max(want, self.min_window), self.max_window)
+
+    def seed(self, tier: int, rate: float, size: float) -> None:
+        """Start ``tier``'s estimates from an earlier measurement (a previous process's), as if
+        it had been measured: its end and window follow from it until its own completions
+        refine it. Ignored once the tier has been measured."""
+        if self._rate[tier] is None and rate > 0 and size > 0:
+            self._rate[tier], self._size[tier] = rate, size
+            self._rerank()
+
+    def estimate(self, tier: int) -> tuple[float, float] | None:
+        """``tier``'s measured read rate (bytes/s) and chunk size (bytes), if it has one."""
+        rate, size = self._rate[tier], self._size[tier]
+        return None if rate is None or size is None else (rate, size)
 
     def _advance(self, tier: int, now: float) -> None:
         """Integrate the tier's reads in flight up to ``now`` (before it changes)."""

@@ -14,6 +14,8 @@ import os
 import threading
 from collections.abc import Callable
 
+import msgspec
+
 from ..config import KVStreamConfig, TierConfig
 from ..io import files
 from ..io.ops import IoQueue, Waker
@@ -46,6 +48,14 @@ class TierRuntime:
     @property
     def direct(self) -> bool:
         return self.path.direct
+
+    @property
+    def setup(self) -> str:
+        """What a read rate measured on this tier depends on besides the device: the I/O path
+        and an emulated bandwidth (see :mod:`kvstream_backend.tiers.rates`)."""
+        emulate = self.tier.cfg.emulate
+        return (f"{self.path.kind},{'direct' if self.path.direct else 'buffered'},"
+                f"{msgspec.json.encode(emulate).decode() if emulate else 'real'}")
 
     @property
     def io(self) -> TierWorker:

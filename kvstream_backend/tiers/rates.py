@@ -1,0 +1,94 @@
+"""Each tier's read rate as the last process on this host measured it, kept in the tier.
+
+A fresh engine knows nothing of its tiers' speeds: until the first reads complete, the order the
+tiers are listed in decides which one claims the front of the pool, and a slow tier listed first
+holds the first requests' chunks through the first step of every process. The router's rate and
+chunk-size estimates at close are written here and seed the next engine's router, so after the
+first run on a host the order in the YAML does not matter from the first step on.
+
+Layout: ``kvs1/rates/<host>-<set-up hash>.json`` under the tier root, one file per host (a tier
+on a shared file system is read at a different rate by each node) and I/O set-up (the I/O path,
+an emulated rate: :attr:`~kvstream_backend.tiers.runtime.TierRuntime.setup`), written to a
+temporary name and renamed into place. The memo is a hint: a missing or torn file is ignored
+(a torn one is logged), and a stale one is corrected by the router's first measurements like
+any wrong estimate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import msgspec
+import xxhash
+
+from ..io import files
+
+log = logging.getLogger("kvstream")
+
+DIR = "rates"
+PRUNE_S = 30 * 86400.0  # memos of any host not rewritten for this long are removed on save
+
+
+class RateMemo(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One host's measurement of one tier: read throughput (bytes/s, with the reads it kept in
+    flight) and mean chunk size (bytes); ``setup`` names what the rate depends on besides the
+    device (the I/O path, an emulation), and ``saved_unix`` when it was written."""
+
+    read_bps: float
+    chunk_bytes: float
+    setup: str
+    saved_unix: float
+
+
+def memo_path(base: str, setup: str) -> str:
+    """This host's memo file for ``setup`` under a tier's layout directory ``base``
+    (``<root>/kvs1``)."""
+    return os.path.join(base, DIR, f"{files.HOST}-{xxhash.xxh32_hexdigest(setup.encode())}.json")
+
+
+def load(base: str, setup: str) -> RateMemo | None:
+    """This host's memo for the tier under ``setup``, if there is a usable one."""
+    path = memo_path(base, setup)
+    try:
+        with open(path, "rb") as f:
+            memo = msgspec.json.decode(f.read(), type=RateMemo)
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError) as e:
+        log.warning("kvstream: ignoring the read-rate memo %s: %s", path, e)
+        return None
+    if memo.setup != setup or memo.read_bps <= 0 or memo.chunk_bytes <= 0:
+        return None
+    return memo
+
+
+def save(base: str, memo: RateMemo, dir_mode: int, file_mode: int) -> None:
+    """Write this host's memo atomically; prune memos nobody rewrote for :data:`PRUNE_S`. A
+    failure (full disk, a read-only or dead mount) is logged: the memo is only a hint."""
+    d = os.path.join(base, DIR)
+    path = memo_path(base, memo.setup)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, dir_mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, file_mode)
+        try:
+            os.write(fd, msgspec.json.encode(memo))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _prune(d, memo.saved_unix)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            files.unlink_quiet(tmp)
+        log.warning("kvstream: cannot save the read-rate memo %s: %s", path, e)
+
+
+def _prune(d: str, now: float) -> None:
+    with os.scandir(d) as it:
+        for de in it:
+            with contextlib.suppress(OSError):
+                if now - de.stat(follow_symlinks=False).st_mtime > PRUNE_S:
+                    files.unlink_quiet(de.path)
