@@ -582,3 +582,21 @@ def test_a_rate_memo_is_only_a_hint(tier_dirs, make_engine, caplog):
     assert not os.path.exists(path)
     # the emulated engine kept its own memo beside the real one's
     assert len(os.listdir(os.path.dirname(rates.memo_path(t1.base, rt1.setup)))) == 2
+
+
+def test_a_memo_that_cannot_be_saved_costs_only_the_hint(tier_dirs, make_engine, caplog):
+    """``kvs1/rates`` is not a directory (as a broken or read-only mount would refuse it): the
+    close logs the path it could not write and finishes; the chunks are all there."""
+    size = 16 * KB
+    keys = [f"s{i}" for i in range(8)]
+    e = make_engine(tier_dirs)
+    write_all(e, keys, size)
+    check_all(e, keys, size)
+    blocker = os.path.join(e.tiers[0].base, rates.DIR)
+    with open(blocker, "w"):
+        pass
+    e.close()
+    assert "cannot save the read-rate memo" in caplog.text and blocker in caplog.text
+    assert e.stats().writes_published == len(keys)
+    again = make_engine(tier_dirs)
+    check_all(again, keys, size)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 
 import msgspec
 import xxhash
@@ -69,15 +70,13 @@ def save(base: str, memo: RateMemo, dir_mode: int, file_mode: int) -> None:
     failure (full disk, a read-only or dead mount) is logged: the memo is only a hint."""
     d = os.path.join(base, DIR)
     path = memo_path(base, memo.setup)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, dir_mode)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, file_mode)
-        try:
-            os.write(fd, msgspec.json.encode(memo))
-        finally:
-            os.close(fd)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                          file_mode), "wb") as f:
+            f.write(msgspec.json.encode(memo))
         os.replace(tmp, path)
         _prune(d, memo.saved_unix)
     except OSError as e:

@@ -5,6 +5,7 @@ Layout under the tier root (content-addressed; no key text ever appears in a pat
     kvs1/chunks/ab/cd/<32 hex digest>.kvs   published chunks (0600, directories 0700)
     kvs1/tmp/<host>.<pid>.<uuid>.tmp        writes in progress (published by hard link)
     kvs1/quarantine/<digest>.<reason>       files that failed validation, moved aside
+    kvs1/rates/<host>-<hash>.json           read rates measured here (:mod:`.rates`), a hint
 
 Invariants: a path is only ever derived from a 16-byte digest; the index holds only regular
 files found under ``chunks/`` (never through a symlink); ``used`` is the sum of indexed file
