@@ -1,7 +1,10 @@
 #!/bin/bash
-# One device call (issue 20, stop 39): a memory tier's copy threads, 3/4 of the cores (the
-# default, with the limit rows) against one per core (`--set copy_threads=N`, as before), over
-# /dev/shm alone and both tiers in both orders. DEADLINE (560) s in all; everything under $OUT.
+# One device call (issue 20): a memory tier's copy threads, the engine's default (with the limit
+# rows) against `--set copy_threads=N`, N = the cores less SPARE (0), over /dev/shm alone and
+# both tiers in both orders. FIRST=set runs the `--set` bench first (alternate it between
+# calls). DEADLINE (560) s in all; everything under $OUT. Stop 39's call 3 ran it with a
+# 3/4-of-the-cores default against SPARE=0; stop 40 prepared SPARE=1 (the scatter's thread
+# keeps a core).
 T0=$(date +%s)
 source docs/bench/tools/device_setup.sh
 echo "setup took $(( $(date +%s) - T0 )) s" >> $OUT/machine.log
@@ -13,5 +16,7 @@ bench() {  # NAME, then bench arguments
       "$@" > $OUT/gpu-$name.log 2>&1
   echo "bench $name rc $? after $(( $(date +%s) - T0 )) s" >> $OUT/machine.log
 }
-bench auto --gpu-only kvstream-shm,kvstream,kvstream-rev,limits
-bench percore --gpu-only kvstream-shm,kvstream,kvstream-rev --set copy_threads=$(nproc)
+N=$(( $(nproc) - ${SPARE:-0} ))
+auto() { bench auto --gpu-only kvstream-shm,kvstream,kvstream-rev,limits; }
+set_n() { bench copy$N --gpu-only kvstream-shm,kvstream,kvstream-rev --set copy_threads=$N; }
+if [ "${FIRST:-auto}" = set ]; then set_n; auto; else auto; set_n; fi
