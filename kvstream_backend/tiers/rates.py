@@ -9,16 +9,19 @@ first run on a host the order in the YAML does not matter from the first step on
 Layout: ``kvs1/rates/<host>-<set-up hash>.json`` under the tier root, one file per host (a tier
 on a shared file system is read at a different rate by each node) and I/O set-up (the I/O path,
 an emulated rate: :attr:`~kvstream_backend.tiers.runtime.TierRuntime.setup`), written to a
-temporary name and renamed into place. The memo is a hint: a missing or torn file is ignored
-(a torn one is logged), and a stale one is corrected by the router's first measurements like
-any wrong estimate.
+temporary name and renamed into place; never through a symlink. The memo is a hint: a missing,
+torn or nonsensical file is ignored (logged unless missing), and a stale one is corrected by the
+router's first measurements like any wrong estimate.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import math
 import os
+import stat
 import threading
 
 import msgspec
@@ -30,6 +33,7 @@ log = logging.getLogger("kvstream")
 
 DIR = "rates"
 PRUNE_S = 30 * 86400.0  # memos of any host not rewritten for this long are removed on save
+MAX_BYTES = 4096  # a memo is a few hundred bytes; more is not one
 
 
 class RateMemo(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -53,16 +57,21 @@ def load(base: str, setup: str) -> RateMemo | None:
     """This host's memo for the tier under ``setup``, if there is a usable one."""
     path = memo_path(base, setup)
     try:
-        with open(path, "rb") as f:
-            memo = msgspec.json.decode(f.read(), type=RateMemo)
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            memo = msgspec.json.decode(f.read(MAX_BYTES), type=RateMemo)
     except FileNotFoundError:
         return None
     except (OSError, msgspec.DecodeError) as e:
         log.warning("kvstream: ignoring the read-rate memo %s: %s", path, e)
         return None
-    if memo.setup != setup or memo.read_bps <= 0 or memo.chunk_bytes <= 0:
+    if memo.setup != setup or not (_usable(memo.read_bps) and _usable(memo.chunk_bytes)):
+        log.warning("kvstream: ignoring the read-rate memo %s: it holds %s", path, memo)
         return None
     return memo
+
+
+def _usable(x: float) -> bool:
+    return 0 < x < math.inf
 
 
 def save(base: str, memo: RateMemo, dir_mode: int, file_mode: int) -> None:
@@ -74,8 +83,10 @@ def save(base: str, memo: RateMemo, dir_mode: int, file_mode: int) -> None:
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, dir_mode)
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                          file_mode), "wb") as f:
+        if not stat.S_ISDIR(os.lstat(d).st_mode):  # never through a symlink
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", d)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open(os.open(tmp, flags, file_mode), "wb") as f:
             f.write(msgspec.json.encode(memo))
         os.replace(tmp, path)
         _prune(d, memo.saved_unix)
