@@ -12,6 +12,7 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+import logging  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -74,6 +75,17 @@ def engine_config(dirs: list[str], **kw):
         for i, (d, o) in enumerate(zip(dirs, opts, strict=True))
     ]
     return parse_config({"kvstream.tiers": tiers, **{f"kvstream.{k}": v for k, v in kw.items()}})
+
+
+@pytest.fixture
+def kvlog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """``caplog`` for the "kvstream" logger: once LMCache's ``init_logger`` has configured it
+    (the plugin and the L2 adapter do at import) it no longer propagates to the root logger,
+    where ``caplog`` listens, so a test run after any of theirs would see nothing."""
+    logger = logging.getLogger("kvstream")
+    logger.addHandler(caplog.handler)
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture

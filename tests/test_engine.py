@@ -51,7 +51,7 @@ def test_thousands_of_chunks_round_trip_on_every_tier(tier_dirs, make_engine, io
     assert all(t.chunks > 0 for t in rep.tiers), "both tiers should serve part of the pool"
 
 
-def test_the_completion_loop_survives_an_error_outside_its_turn(tier_dirs, make_engine, caplog):
+def test_the_completion_loop_survives_an_error_outside_its_turn(tier_dirs, make_engine, kvlog):
     """An exception while the loop decides how long to sleep (here the router's stall
     deadline, which an A/B against an older routing module lacked) is logged, and the loop
     goes on serving; its thread once died there and every later get hung."""
@@ -70,7 +70,7 @@ def test_the_completion_loop_survives_an_error_outside_its_turn(tier_dirs, make_
     write_all(e, keys, 8 * KB)
     check_all(e, keys, 8 * KB)
     assert len(failures) == 3 and e._loop.alive
-    assert caplog.text.count("unexpected error in the completion loop") == 3
+    assert kvlog.text.count("unexpected error in the completion loop") == 3
 
 
 def test_files_and_directories_are_private(tier_dirs, make_engine):
@@ -554,7 +554,7 @@ def test_a_restarted_engine_starts_from_the_rates_its_predecessor_measured(tier_
     assert [t.reads for t in again.stats().tiers] == [0, len(keys)]
 
 
-def test_a_rate_memo_is_only_a_hint(tier_dirs, make_engine, caplog):
+def test_a_rate_memo_is_only_a_hint(tier_dirs, make_engine, kvlog):
     """A torn memo is ignored (and named in the log), one made under another set-up (here an
     emulated rate) is not used, and ``remember_rates: false`` neither reads nor writes one."""
     size = 16 * KB
@@ -569,7 +569,7 @@ def test_a_rate_memo_is_only_a_hint(tier_dirs, make_engine, caplog):
         f.truncate(5)
     assert rates.load(t1.base, rt1.setup) is not None
     again = make_engine(tier_dirs, tier_opts=[{}, {"emulate": {"read_mbps": 100}}])
-    assert path in caplog.text and "ignoring the read-rate memo" in caplog.text
+    assert path in kvlog.text and "ignoring the read-rate memo" in kvlog.text
     assert again._reads.router.estimate(0) is None and again._reads.router.estimate(1) is None
     assert again._tiers[1].setup != rt1.setup
     check_all(again, keys, size)
@@ -584,7 +584,7 @@ def test_a_rate_memo_is_only_a_hint(tier_dirs, make_engine, caplog):
     assert len(os.listdir(os.path.dirname(rates.memo_path(t1.base, rt1.setup)))) == 2
 
 
-def test_a_memo_that_cannot_be_saved_costs_only_the_hint(tier_dirs, make_engine, caplog):
+def test_a_memo_that_cannot_be_saved_costs_only_the_hint(tier_dirs, make_engine, kvlog):
     """``kvs1/rates`` is not a directory (as a broken or read-only mount would refuse it): the
     close logs the path it could not write and finishes; the chunks are all there."""
     size = 16 * KB
@@ -596,7 +596,7 @@ def test_a_memo_that_cannot_be_saved_costs_only_the_hint(tier_dirs, make_engine,
     with open(blocker, "w"):
         pass
     e.close()
-    assert "cannot save the read-rate memo" in caplog.text and blocker in caplog.text
+    assert "cannot save the read-rate memo" in kvlog.text and blocker in kvlog.text
     assert e.stats().writes_published == len(keys)
     again = make_engine(tier_dirs)
     check_all(again, keys, size)

@@ -24,23 +24,23 @@ def test_a_memo_round_trips_per_set_up(tmp_path):
     assert path == rates.memo_path(base, SETUP) and os.stat(path).st_mode & 0o777 == 0o600
 
 
-def test_a_nonsensical_memo_is_ignored_and_named(tmp_path, caplog):
+def test_a_nonsensical_memo_is_ignored_and_named(tmp_path, kvlog):
     base = str(tmp_path)
     os.mkdir(os.path.join(base, rates.DIR))
     for bad in (_memo(bps=0.0), _memo(size=-1.0)):
         with open(rates.memo_path(base, SETUP), "wb") as f:
             f.write(msgspec.json.encode(bad))
         assert rates.load(base, SETUP) is None
-    assert caplog.text.count(rates.memo_path(base, SETUP)) == 2
+    assert kvlog.text.count(rates.memo_path(base, SETUP)) == 2
 
 
-def test_a_memo_is_never_written_through_a_symlink(tmp_path, caplog):
+def test_a_memo_is_never_written_through_a_symlink(tmp_path, kvlog):
     base, elsewhere = tmp_path / "kvs1", tmp_path / "elsewhere"
     base.mkdir()
     elsewhere.mkdir()
     os.symlink(elsewhere, base / rates.DIR)
     rates.save(str(base), _memo(), 0o700, 0o600)
-    assert os.listdir(elsewhere) == [] and "cannot save the read-rate memo" in caplog.text
+    assert os.listdir(elsewhere) == [] and "cannot save the read-rate memo" in kvlog.text
     os.unlink(base / rates.DIR)
     (base / rates.DIR).mkdir()
     os.symlink(elsewhere / "target.json", rates.memo_path(str(base), SETUP))
