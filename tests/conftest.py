@@ -79,13 +79,17 @@ def engine_config(dirs: list[str], **kw):
 
 @pytest.fixture
 def kvlog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """``caplog`` for the "kvstream" logger: once LMCache's ``init_logger`` has configured it
-    (the plugin and the L2 adapter do at import) it no longer propagates to the root logger,
-    where ``caplog`` listens, so a test run after any of theirs would see nothing."""
+    """``caplog`` for the "kvstream" logger at INFO: once LMCache's ``init_logger`` has
+    configured it (the plugin and the L2 adapter do at import) it no longer propagates to the
+    root logger, where ``caplog`` listens, and ``kvstream bench`` run in-process (the bench
+    tests) leaves it at ERROR; a test run after theirs would see nothing."""
     logger = logging.getLogger("kvstream")
     logger.addHandler(caplog.handler)
-    yield caplog
-    logger.removeHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="kvstream"):
+            yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture
