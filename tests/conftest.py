@@ -82,14 +82,19 @@ def kvlog(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture
     """``caplog`` for the "kvstream" logger at INFO: once LMCache's ``init_logger`` has
     configured it (the plugin and the L2 adapter do at import) it no longer propagates to the
     root logger, where ``caplog`` listens, and ``kvstream bench`` run in-process (the bench
-    tests) leaves it at ERROR; a test run after theirs would see nothing."""
+    tests) leaves it at ERROR; a test run after theirs would see nothing. So the handler sits on
+    that logger itself, which does not propagate meanwhile (or each record would be caught twice
+    where nothing had configured it yet)."""
     logger = logging.getLogger("kvstream")
+    propagate = logger.propagate
     logger.addHandler(caplog.handler)
+    logger.propagate = False
     try:
         with caplog.at_level(logging.INFO, logger="kvstream"):
             yield caplog
     finally:
         logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
 
 
 @pytest.fixture

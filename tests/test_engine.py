@@ -533,8 +533,8 @@ def test_a_restarted_engine_starts_from_the_rates_its_predecessor_measured(tier_
                                                                           make_engine):
     """The slow tier listed first: a fresh engine lets it claim the front of its first pool
     (it knows no rates yet), so it starts reads that the fast tier then hedges. The router's
-    estimates are kept per tier and host at close (``kvs1/rates/<host>.json``); the next engine
-    starts from them and gives the slow tier no read the fast one delivers sooner."""
+    estimates are kept per tier and host at close (``kvs1/rates/<host>-<hash>.json``); the next
+    engine starts from them and gives the slow tier no read the fast one delivers sooner."""
     size = 64 * KB
     keys = [f"r{i}" for i in range(32)]
     slow = {"emulate": {"read_mbps": 1}}  # 64 ms a chunk, against well under 1 ms
