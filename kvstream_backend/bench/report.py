@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 
 import msgspec
 from rich.console import Console
 
+from ..io import files
 from ..tables import table
 
 GB = 1e9
@@ -149,7 +149,4 @@ def plot(rep: BenchReport, path: str) -> None:
 def save(rep: msgspec.Struct, path: str) -> None:
     """``rep`` as indented JSON at ``path``, whole or not at all (written aside, then renamed:
     a run cut short mid-write leaves the previous checkpoint, never a torn file)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(msgspec.json.format(msgspec.json.encode(rep)))
-    os.replace(tmp, path)
+    files.replace_whole(path, msgspec.json.format(msgspec.json.encode(rep)), 0o666)

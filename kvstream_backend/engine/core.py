@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,6 +49,7 @@ import msgspec
 from .. import format as fmt
 from ..config import KVStreamConfig
 from ..handles import Alloc, Buffer, ChunkInfo, ReadHandle, ReadRequest, payload_view
+from ..io import files
 from ..io.memory import SlabPool
 from ..io.probe import QueueFactory, make_queue
 from ..io.threads import Workers
@@ -345,11 +345,8 @@ class Engine:
     def _write_stats(self, path: str) -> None:
         """The final counters as JSON (written to a temp name, then renamed into place), for
         whoever cannot ask the process: a vLLM worker process, a supervisor after SIGTERM."""
-        tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(msgspec.json.encode(self.stats()))
-            os.replace(tmp, path)
+            files.replace_whole(path, msgspec.json.encode(self.stats()), 0o666)
         except OSError as e:
             log.error("kvstream: cannot write stats_file %s: %s", path, e)
 

@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import stat
+import threading
 import uuid
 
 _RD = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # never block on a FIFO
@@ -156,6 +157,22 @@ def close(fd: int, *, drop_pages: bool) -> int:
 def unlink_quiet(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def replace_whole(path: str, data: bytes, mode: int) -> None:
+    """Make ``path`` hold ``data``, whole or not at all: written to a temporary name beside it
+    (this process's and thread's), then renamed over it. On failure the temporary file is
+    removed and the error raised."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, mode), "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            unlink_quiet(tmp)
+        raise
 
 
 def errname(code: int) -> str:

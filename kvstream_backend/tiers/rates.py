@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import stat
-import threading
 
 import msgspec
 import xxhash
@@ -79,20 +78,14 @@ def save(base: str, memo: RateMemo, dir_mode: int, file_mode: int) -> None:
     failure (full disk, a read-only or dead mount) is logged: the memo is only a hint."""
     d = os.path.join(base, DIR)
     path = memo_path(base, memo.setup)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(d, dir_mode)
         if not stat.S_ISDIR(os.lstat(d).st_mode):  # never through a symlink
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", d)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        with open(os.open(tmp, flags, file_mode), "wb") as f:
-            f.write(msgspec.json.encode(memo))
-        os.replace(tmp, path)
+        files.replace_whole(path, msgspec.json.encode(memo), file_mode)
         _prune(d, memo.saved_unix)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            files.unlink_quiet(tmp)
         log.warning("kvstream: cannot save the read-rate memo %s: %s", path, e)
 
 
