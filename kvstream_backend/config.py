@@ -78,6 +78,7 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     io_threads: PositiveInt = 4
     verify_threads: Annotated[int, Meta(ge=0)] = 0  # 0: one per core, at most 8
     copy_threads: Literal["auto"] | PositiveInt = "auto"
+    spare_cores: Annotated[int, Meta(ge=0)] = 0
     staging_budget_mb: PositiveInt = 2048
     verify_checksums: bool = True
     warm_headers: bool = True
@@ -105,11 +106,20 @@ class KVStreamConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     @property
     def memory_readers(self) -> int:
         """Readers of a tier on tmpfs or ramfs, where a read is a copy by its thread (which also
-        hashes it): ``copy_threads``, or with ``auto`` one per core the process may run on (at
-        least ``io_threads``)."""
+        hashes it): ``copy_threads``, or with ``auto`` one per core the process may run on, less
+        ``spare_cores`` (at least ``io_threads``)."""
         if self.copy_threads != "auto":
             return self.copy_threads
-        return max(self.io_threads, cores())
+        return max(self.io_threads, cores() - self.spare_cores)
+
+    @property
+    def copy_cpus(self) -> frozenset[int] | None:
+        """The CPUs those readers run on: the process's affinity less its ``spare_cores``
+        lowest-numbered CPUs, which they leave to the serving engine's own threads (LMCache's
+        host->GPU scatter); ``None`` (anywhere) when ``spare_cores`` is 0."""
+        if not self.spare_cores:
+            return None
+        return frozenset(sorted(os.sched_getaffinity(0))[self.spare_cores:])
 
     @property
     def verify_workers(self) -> int:
@@ -197,6 +207,11 @@ def _check_semantics(cfg: KVStreamConfig, label: str, check_paths: bool) -> None
         raise ConfigError(
             f"{label}.read_window: {cfg.read_window} exceeds {label}.read_queue_depth "
             f"({cfg.read_queue_depth}); the reads a tier keeps in flight must fit in its queue"
+        )
+    if cfg.spare_cores and cfg.spare_cores >= cores():
+        raise ConfigError(
+            f"{label}.spare_cores: {cfg.spare_cores} leaves none of this process's {cores()} "
+            "cores to a memory tier's copy threads"
         )
     names: set[str] = set()
     roots: list[tuple[int, str]] = []

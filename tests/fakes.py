@@ -35,7 +35,8 @@ class Control:
         for w in self.wakers:
             w.wake()
 
-    def factory(self, kind: str, depth: int, threads: int, waker: Waker, name: str):
+    def factory(self, kind: str, depth: int, threads: int, waker: Waker, name: str,
+                cpus: frozenset[int] | None = None):
         self.wakers.append(waker)
         return ControlledQueue(ThreadQueue(depth, threads, waker, name), name, self)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -26,6 +27,8 @@ BAD = [
     ({"kvstream.read_window": "deep"}, "kvstream.read_window"),
     ({"kvstream.copy_threads": 0}, "kvstream.copy_threads"),
     ({"kvstream.copy_threads": "all"}, "kvstream.copy_threads"),
+    ({"kvstream.spare_cores": -1}, "kvstream.spare_cores"),
+    ({"kvstream.spare_cores": len(os.sched_getaffinity(0))}, "kvstream.spare_cores"),
     ({"kvstream.read_target_ms": 0}, "kvstream.read_target_ms"),
     ({"kvstream.claim_depth": 2}, "kvstream.claim_depth"),  # replaced by read_window in 0.2
     ({"kvstream.hedge": "perhaps"}, "kvstream.hedge"),

@@ -18,9 +18,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from ..format import ALIGN
 from . import files, threads
@@ -68,11 +67,16 @@ def binding_usable() -> tuple[bool, str]:
     return False, f"liburing binding unusable: {last}"
 
 
-QueueFactory = Callable[[str, int, int, Waker, str], IoQueue]
-"""``(kind, depth, threads, waker, name) -> IoQueue``: how the engine builds its queues."""
+class QueueFactory(Protocol):
+    """How the engine builds its queues: ``threads`` and ``cpus`` (the CPUs those threads run
+    on; ``None``: anywhere) concern the thread-pool path only."""
+
+    def __call__(self, kind: str, depth: int, threads: int, waker: Waker, name: str,
+                 cpus: frozenset[int] | None = None) -> IoQueue: ...
 
 
-def make_queue(kind: str, depth: int, threads: int, waker: Waker, name: str) -> IoQueue:
+def make_queue(kind: str, depth: int, threads: int, waker: Waker, name: str,
+               cpus: frozenset[int] | None = None) -> IoQueue:
     """The real queue of ``kind`` (the engine's default queue factory)."""
     if kind == "uring":
         ok, why = binding_usable()
@@ -81,7 +85,7 @@ def make_queue(kind: str, depth: int, threads: int, waker: Waker, name: str) -> 
         from .uring import UringQueue  # imported lazily: the binding may be absent or refused
 
         return UringQueue(depth, waker)
-    return ThreadQueue(depth, threads, waker, name)
+    return ThreadQueue(depth, threads, waker, name, cpus)
 
 
 def inline_issue(directory: str, direct: bool, mode: int, n: int = 4, size: int = 1 << 20) -> str:

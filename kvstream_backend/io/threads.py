@@ -61,21 +61,23 @@ class Workers:
     Daemon threads, unlike :class:`concurrent.futures.ThreadPoolExecutor`'s, which the
     interpreter joins at exit: a call blocked on a dead hard-mounted network file system must not
     hold the process's exit. A call hands its result back itself; one that raises is logged, and
-    the thread goes on.
+    the thread goes on. With ``cpus`` the threads run on those CPUs only.
     """
 
-    def __init__(self, n: int, name: str) -> None:
+    def __init__(self, n: int, name: str, cpus: frozenset[int] | None = None) -> None:
         self._calls: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
             queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
-                         for i in range(n)]
+        self._threads = [threading.Thread(target=self._run, args=(cpus,), name=f"{name}-{i}",
+                                          daemon=True) for i in range(n)]
         for t in self._threads:
             t.start()
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         self._calls.put((fn, args))
 
-    def _run(self) -> None:
+    def _run(self, cpus: frozenset[int] | None) -> None:
+        if cpus:  # this thread only (Linux: pid 0 is the calling thread)
+            os.sched_setaffinity(0, cpus)
         while (call := self._calls.get()) is not None:
             fn, args = call
             try:
@@ -148,8 +150,9 @@ class ThreadQueue:
     kind = "threads"
     hashes_reads = True
 
-    def __init__(self, depth: int, threads: int, waker: Waker, name: str) -> None:
-        self._pool = Workers(threads, f"kvs-{name}")
+    def __init__(self, depth: int, threads: int, waker: Waker, name: str,
+                 cpus: frozenset[int] | None = None) -> None:
+        self._pool = Workers(threads, f"kvs-{name}", cpus)
         self._depth = depth
         self._waker = waker
         self._done: collections.deque[IoOp] = collections.deque()

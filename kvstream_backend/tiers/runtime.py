@@ -84,17 +84,18 @@ def open_tier(index: int, tc: TierConfig, cfg: KVStreamConfig, queues: QueueFact
                 negative_ms=cfg.negative_cache_ms)
 
     def make_worker(path: IoPath) -> TierWorker:
-        readers = cfg.io_threads
+        readers, cpus = cfg.io_threads, None
         if path.kind == "threads" and files.memory_backed(tier.root):
             # a read from memory is a copy by its reader thread (which also hashes it): one
             # reader per core by default (on a 16-core host, tmpfs with 4 readers: 0.30x the
             # plain limit; with 8: 0.53x; with 16: 0.54-0.71x; docs/benchmarks.md). Sixteen
-            # copying on 16 cores also slow LMCache's host->GPU scatters; twelve did not make
-            # the step faster on every host (stop 39), so ``copy_threads`` is left to the user
-            readers = cfg.memory_readers
+            # copying on 16 cores also slow LMCache's host->GPU scatters: fifteen kept off
+            # one core spared them, twelve anywhere did not make the step faster (stops 39,
+            # 41), so ``copy_threads`` and ``spare_cores`` are left to the user
+            readers, cpus = cfg.memory_readers, cfg.copy_cpus
 
         def make(waker: Waker) -> tuple[IoQueue, IoQueue]:
-            rq = queues(path.kind, cfg.read_queue_depth, readers, waker, f"{tc.name}-r")
+            rq = queues(path.kind, cfg.read_queue_depth, readers, waker, f"{tc.name}-r", cpus)
             try:
                 wq = queues(path.kind, cfg.write_queue_depth, cfg.io_threads, waker,
                             f"{tc.name}-w")
