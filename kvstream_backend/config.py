@@ -208,7 +208,7 @@ def _check_semantics(cfg: KVStreamConfig, label: str, check_paths: bool) -> None
             f"{label}.read_window: {cfg.read_window} exceeds {label}.read_queue_depth "
             f"({cfg.read_queue_depth}); the reads a tier keeps in flight must fit in its queue"
         )
-    if cfg.spare_cores and cfg.spare_cores >= cores():
+    if cfg.spare_cores >= cores():
         raise ConfigError(
             f"{label}.spare_cores: {cfg.spare_cores} leaves none of this process's {cores()} "
             "cores to a memory tier's copy threads"

@@ -38,7 +38,7 @@ class Control:
     def factory(self, kind: str, depth: int, threads: int, waker: Waker, name: str,
                 cpus: frozenset[int] | None = None):
         self.wakers.append(waker)
-        return ControlledQueue(ThreadQueue(depth, threads, waker, name), name, self)
+        return ControlledQueue(ThreadQueue(depth, threads, waker, name, cpus), name, self)
 
     def reads(self, tier: str | None = None) -> list[IoOp]:
         """Read ops (of one tier, or all) in the order they reached the queues underneath."""

@@ -170,8 +170,8 @@ def replace_whole(path: str, data: bytes, mode: int) -> None:
             f.write(data)
         os.replace(tmp, path)
     except OSError:
-        with contextlib.suppress(OSError):
-            unlink_quiet(tmp)
+        with contextlib.suppress(OSError):  # missing, or the mount that failed the write
+            os.unlink(tmp)
         raise
 
 
